@@ -1,0 +1,33 @@
+"""Default values for every flag of ``main.py``, with the original ESync's names and meaning.
+
+Edit this file to change a default for every run on this machine; a command-line flag overrides it.
+The resolved configuration of each run is written next to its logs (``config.json``).
+"""
+import os
+
+_ROOT = os.path.dirname(os.path.abspath(__file__))
+
+learning_rate = 0.001     # -l: SGD learning rate for sync, async, dcasgd and local modes
+local_lr = 0.001          # -ll: learning rate of ESync's local iterations
+global_lr = 1.0           # -gl: ESync's global step: params = start + global_lr * mean(delta)
+batch_size = 64           # -b: samples per iteration on each device
+data_dir = os.path.join(_ROOT, "data")   # -dd: holds fashion-mnist/*.gz (see scripts/prepare_data.py)
+gpu = 0                   # -g: GPU id used when cpu == 0
+cpu = 0                   # -c: 1 trains on the CPU instead of GPU `gpu`
+network = "resnet18-v1"   # -n: model name, see esync.models.NETWORKS
+log_dir = os.path.join(_ROOT, "logs")    # -ld: logs go to <log_dir>/<network>/<mode>/<host>/<device>/
+eval_duration = 1         # -e: evaluate every this many rounds (iterations in sync/async/local)
+mode = "esync"            # -m: esync, sync, async or local
+use_dcasgd = 0            # -dcasgd: 1 puts MXNet's DC-ASGD optimizer on the server in async mode
+split_by_class = 0        # -s: 0 i.i.d. shards, 1 contiguous class-sorted shards (non-i.i.d.)
+state_server_ip = "127.0.0.1"   # -ip: ESync state server host
+state_server_port = "10010"     # -port: ESync state server port
+
+# Beyond the original
+seed = 1                  # --seed: data partition, shuffling and initial weights
+slowdown = 1.0            # --slowdown: emulate a device this many times slower (>= 1)
+max_rounds = 0            # --max-rounds: stop after this many rounds (0: no limit)
+max_seconds = 0.0         # --max-seconds: stop after this much training time (0: no limit)
+target_accuracy = 0.0     # --target-accuracy: stop once test accuracy reaches it (0: never)
+policy = "dynamic"        # --policy: ESync state-server policy, dynamic (original) or planned
+epsilon = 0.5             # --epsilon: ESync slack; absolute seconds as in the original, see ESYNC.md

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Create .venv with the pinned dependencies (idempotent: skipped when pyproject.toml is unchanged).
+# Usage: bash scripts/setup.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-}
+if [ -z "$PY" ]; then
+  for cand in python3.11 python3; do
+    if command -v "$cand" >/dev/null && "$cand" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
+      PY=$cand; break
+    fi
+  done
+fi
+if [ -z "$PY" ]; then
+  echo "setup: Python 3.11 is required (MXNet 1.9.1 does not run on 3.12+). Install it, or set PYTHON=/path/to/python3.11." >&2
+  exit 1
+fi
+stamp=.venv/.esync-installed
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  exit 0
+fi
+echo "setup: creating .venv with $("$PY" --version) and the pinned dependencies (first run takes a few minutes)"
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null
+.venv/bin/python -m pip install -q -e ".[test]"
+echo "$want" > "$stamp"
+echo "setup: done"
