@@ -1,0 +1,94 @@
+"""Atomic checkpoints of the global model, written by rank 0 and read by the evaluator and resume.
+
+One ``.npz`` file per checkpoint (``round-00000012.npz``): every parameter by structural name plus
+a JSON metadata record (round, elapsed training time, samples, network, the run's config). A file
+is written to a temporary name, flushed to disk and renamed, so a reader (or a resume after a
+crash) sees either the whole checkpoint or none of it.
+"""
+import io
+import json
+import os
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+FORMAT = "esync-checkpoint-v1"
+DONE_MARKER = "DONE"
+
+
+class CheckpointError(Exception):
+    pass
+
+
+class CheckpointStore:
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+
+    def path_for(self, round_no: int) -> Path:
+        return self.folder / f"round-{round_no:08d}.npz"
+
+    def save(self, round_no: int, arrays: dict, meta: dict) -> Path:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        meta = dict(meta, format=FORMAT, round=round_no, names=list(arrays))
+        buf = io.BytesIO()
+        np.savez(buf, __meta__=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
+                 **{f"p:{name}": value for name, value in arrays.items()})
+        path = self.path_for(round_no)
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "wb") as f:
+            f.write(buf.getvalue())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        return path
+
+    def list(self) -> list[Path]:
+        return sorted(self.folder.glob("round-*.npz"))
+
+    def load(self, path: Path, *, network: str | None = None,
+             shapes: dict | None = None) -> tuple[dict, dict]:
+        """Read and validate one checkpoint; `network`/`shapes` reject a foreign one."""
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                meta = json.loads(z["__meta__"].tobytes().decode())
+                arrays = {name[2:]: z[name] for name in z.files if name.startswith("p:")}
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError,
+                json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise CheckpointError(f"checkpoint {path} is corrupt or not a checkpoint "
+                                  f"({exc.__class__.__name__}: {exc}); delete it to go on") from None
+        if meta.get("format") != FORMAT:
+            raise CheckpointError(f"checkpoint {path} is not an esync checkpoint "
+                                  f"(format {meta.get('format')!r})")
+        if network is not None and meta.get("network") != network:
+            raise CheckpointError(f"checkpoint {path} belongs to network {meta.get('network')!r}, "
+                                  f"not {network!r}: point --log-dir at this run's folder")
+        if shapes is not None:
+            got = {k: tuple(v.shape) for k, v in arrays.items()}
+            want = {k: tuple(v) for k, v in shapes.items()}
+            if got != want:
+                missing = sorted(set(want) - set(got)) or sorted(
+                    k for k in want if got.get(k) != want[k])
+                raise CheckpointError(f"checkpoint {path} does not match the network "
+                                      f"{network!r} (first mismatch: {missing[:3]})")
+        return meta, arrays
+
+    def latest(self, **expect) -> tuple[Path, dict, dict] | None:
+        """The newest loadable checkpoint; a corrupt newest one is an error, not skipped."""
+        paths = self.list()
+        if not paths:
+            return None
+        meta, arrays = self.load(paths[-1], **expect)
+        return paths[-1], meta, arrays
+
+    def mark_done(self, meta: dict) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        tmp = self.folder / (DONE_MARKER + ".tmp")
+        tmp.write_text(json.dumps(meta))
+        os.replace(tmp, self.folder / DONE_MARKER)
+
+    def clear_done(self) -> None:
+        (self.folder / DONE_MARKER).unlink(missing_ok=True)
+
+    def is_done(self) -> bool:
+        return (self.folder / DONE_MARKER).exists()

@@ -1,0 +1,243 @@
+"""Command line of ``main.py``: the original ESync's flags (defaults from ``config.py``) plus ours.
+
+One entry point for every role, chosen by ``DMLC_ROLE``:
+
+    python main.py -m local -c 1 -n lenet -l 0.05 -e 100            # standalone, no cluster
+    DMLC_ROLE=scheduler DMLC_PS_ROOT_URI=10.1.1.34 DMLC_PS_ROOT_PORT=9091 \\
+        DMLC_NUM_SERVER=1 DMLC_NUM_WORKER=6 python main.py            # likewise server
+    DMLC_ROLE=worker ...same DMLC_* variables... python main.py -m esync -g 0 -n resnet18-v1
+    DMLC_ROLE=evaluator python main.py -m esync -n resnet18-v1        # scores checkpoints
+
+Bad values end with one ``error:`` line naming the flag, never a traceback.
+"""
+import argparse
+import os
+import socket
+import sys
+
+import config
+
+DMLC_ROLES = ("scheduler", "server", "worker", "evaluator")
+
+
+class UsageError(Exception):
+    """A bad flag, environment variable or machine capability, reported as one line."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+def _positive_int(text):
+    value = _typed(int, text, "an integer")
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def _non_negative_int(text):
+    value = _typed(int, text, "an integer")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def _positive_float(text):
+    value = _typed(float, text, "a number")
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def _non_negative_float(text):
+    value = _typed(float, text, "a number")
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def _flag01(text):
+    if text not in ("0", "1"):
+        raise argparse.ArgumentTypeError(f"must be 0 or 1, got {text}")
+    return int(text)
+
+
+def _slowdown(text):
+    value = _typed(float, text, "a number")
+    if not value >= 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1 (a device F times slower), got {text}")
+    return value
+
+
+def _accuracy(text):
+    value = _typed(float, text, "a number")
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
+    return value
+
+
+def _port(text):
+    value = _typed(int, text, "a port number")
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number 1-65535, got {text}")
+    return value
+
+
+def _epsilon(text):
+    if text == "auto":
+        return text
+    value = _typed(float, text, "'auto' or seconds")
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be 'auto' or seconds >= 0, got {text}")
+    return value
+
+
+def _typed(kind, text, what):
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
+
+
+def add_training_args(parser: argparse.ArgumentParser) -> None:
+    """The original ESync's flags, same short and long names, defaults from config.py."""
+    from esync.models import NETWORKS
+    g = parser.add_argument_group("training (the original ESync's flags)")
+    g.add_argument("-l", "--learning-rate", type=_positive_float, default=config.learning_rate,
+                   help="SGD learning rate of sync, async, dcasgd and local modes")
+    g.add_argument("-ll", "--local-lr", type=_positive_float, default=config.local_lr,
+                   help="learning rate of ESync's local iterations")
+    g.add_argument("-gl", "--global-lr", type=_positive_float, default=config.global_lr,
+                   help="ESync's global step: params = start + gl * mean(delta)")
+    g.add_argument("-b", "--batch-size", type=_positive_int, default=config.batch_size,
+                   help="samples per iteration on each device")
+    g.add_argument("-dd", "--data-dir", default=config.data_dir,
+                   help="folder holding fashion-mnist/ (prepare: python scripts/prepare_data.py)")
+    g.add_argument("-g", "--gpu", type=_non_negative_int, default=config.gpu, help="GPU id")
+    g.add_argument("-c", "--cpu", type=_flag01, default=config.cpu, help="1: train on the CPU")
+    g.add_argument("-n", "--network", default=config.network, choices=list(NETWORKS),
+                   metavar="NETWORK", help=f"one of {', '.join(NETWORKS)}")
+    g.add_argument("-ld", "--log-dir", default=config.log_dir,
+                   help="logs go to LOG_DIR/NETWORK/MODE/HOST/DEVICE/iter-N.txt")
+    g.add_argument("-e", "--eval-duration", type=_positive_int, default=config.eval_duration,
+                   help="evaluate (checkpoint) every this many rounds")
+    g.add_argument("-m", "--mode", default=config.mode, choices=["esync", "sync", "async", "local"],
+                   help="synchronization algorithm")
+    g.add_argument("-dcasgd", "--use-dcasgd", type=_flag01, default=config.use_dcasgd,
+                   help="1: DC-ASGD optimizer on the server (with -m async)")
+    g.add_argument("-s", "--split-by-class", type=_flag01, default=config.split_by_class,
+                   help="1: each worker gets a contiguous block of class-sorted data (non-i.i.d.)")
+    g.add_argument("-ip", "--state-server-ip", default=config.state_server_ip,
+                   help="ESync state server host")
+    g.add_argument("-port", "--state-server-port", type=_port,
+                   default=int(config.state_server_port), help="ESync state server port")
+
+
+def add_run_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("stopping, reproducibility and emulation")
+    g.add_argument("--max-rounds", type=_non_negative_int, default=config.max_rounds,
+                   help="stop after this many rounds (0: no limit)")
+    g.add_argument("--max-seconds", type=_non_negative_float, default=config.max_seconds,
+                   help="stop after this much training time (0: no limit)")
+    g.add_argument("--target-accuracy", type=_accuracy, default=config.target_accuracy,
+                   help="stop once the test accuracy reaches this (0: never)")
+    g.add_argument("--seed", type=_non_negative_int, default=config.seed,
+                   help="data partition, shuffling and initial weights")
+    g.add_argument("--slowdown", type=_slowdown, default=config.slowdown,
+                   help="emulate a device this many times slower (waits (F-1)x each iteration)")
+    g.add_argument("--overwrite", action="store_true",
+                   help="replace an earlier run's logs in the same folder")
+    g.add_argument("--resume", action="store_true",
+                   help="continue from the last checkpoint in the log folder")
+    g.add_argument("--device-name", default=None,
+                   help="log folder name of this device (default gpuN, or cpuRANK)")
+    g.add_argument("--host-name", default=socket.gethostname(),
+                   help="log folder name of this host")
+    e = parser.add_argument_group("ESync")
+    e.add_argument("--policy", choices=["dynamic", "planned"], default=config.policy,
+                   help="state-server policy: one request per local iteration (dynamic) or "
+                        "one per round (planned)")
+    e.add_argument("--epsilon", type=_epsilon, default=config.epsilon,
+                   help="slack of the state server: 'auto' (relative to iteration time) or "
+                        "absolute seconds as in the original")
+    e.add_argument("--local-iters", type=_non_negative_int, default=0,
+                   help="fixed local iterations per round, bypassing the state server (0: ask it)")
+    e.add_argument("--job", default=os.environ.get("ESYNC_JOB", "default"),
+                   help="job id on the state server")
+    e.add_argument("--state-token", default=os.environ.get("ESYNC_STATE_TOKEN"),
+                   help="the state server's token (default: $ESYNC_STATE_TOKEN)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="main.py", description=__doc__.split("\n\n")[0],
+                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_training_args(parser)
+    add_run_args(parser)
+    return parser
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    args = build_parser().parse_args(argv)
+    if args.use_dcasgd and args.mode != "async":
+        raise UsageError("argument -dcasgd/--use-dcasgd: needs -m async")
+    if args.resume and args.overwrite:
+        raise UsageError("--resume and --overwrite exclude each other")
+    return args
+
+
+def dmlc_environment(role: str, env=os.environ) -> dict:
+    """Check the ps-lite variables a role needs; a bad or missing one is named."""
+    if role not in DMLC_ROLES:
+        raise UsageError(f"DMLC_ROLE={role!r} is not a role; use one of {', '.join(DMLC_ROLES)}")
+    if role == "evaluator":
+        return {}
+    values = {}
+    for name in ("DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT", "DMLC_NUM_SERVER", "DMLC_NUM_WORKER"):
+        if not env.get(name):
+            raise UsageError(f"environment variable {name} is not set; DMLC_ROLE={role} needs "
+                             "DMLC_PS_ROOT_URI, DMLC_PS_ROOT_PORT, DMLC_NUM_SERVER, DMLC_NUM_WORKER")
+        values[name] = env[name]
+    for name, low in (("DMLC_PS_ROOT_PORT", 1), ("DMLC_NUM_SERVER", 1), ("DMLC_NUM_WORKER", 1)):
+        try:
+            number = int(values[name])
+        except ValueError:
+            number = None
+        if number is None or number < low or (name.endswith("PORT") and number > 65535):
+            raise UsageError(f"environment variable {name}={values[name]!r} must be "
+                             + ("a port number 1-65535" if name.endswith("PORT")
+                                else "a positive integer"))
+    return values
+
+
+def main(argv=None) -> int:
+    role = os.environ.get("DMLC_ROLE", "")
+    try:
+        if role:
+            dmlc_environment(role)
+        if role in ("scheduler", "server"):
+            # Importing MXNet with these roles runs ps-lite's loop and exits when the job ends.
+            import mxnet  # noqa: F401
+            return 0
+        args = parse_args(argv)
+        if role == "evaluator":
+            return _run_evaluator(args)
+        if not role and args.mode != "local":
+            raise UsageError(f"-m {args.mode} needs the parameter server: start the roles with "
+                             "DMLC_ROLE=scheduler|server|worker (see README), or run the whole "
+                             "cluster with `esync-cluster`; use -m local for one device")
+        if role == "worker" and args.mode == "local":
+            raise UsageError("-m local runs without a cluster: unset DMLC_ROLE")
+        from esync import trainer
+        return trainer.run(args)
+    except UsageError as exc:
+        print(f"main.py: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("main.py: interrupted", file=sys.stderr)
+        return 130
+
+
+def _run_evaluator(args) -> int:
+    from esync import evaluator, trainer
+    return trainer.guarded(lambda: evaluator.run(args, trainer.mode_dir(args)))

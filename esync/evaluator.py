@@ -1,0 +1,118 @@
+"""The evaluator role: scores checkpoints on the test set, off the workers' critical path.
+
+Run beside a job (the launcher does it for you):
+
+    DMLC_ROLE=evaluator python main.py -m sync -n lenet -ld logs
+
+It watches ``<log_dir>/<network>/<mode_dir>/checkpoints/``, scores each new checkpoint in order
+(skipping to the newest when it falls behind) and appends one JSON line per checkpoint to
+``<mode_dir>/evaluations.jsonl``: ``{"round", "total_time", "accuracy", "samples"}``. It stops
+when the job's rank 0 has marked the folder done and the last checkpoint is scored.
+"""
+import json
+import os
+import time
+from pathlib import Path
+
+import mxnet as mx
+import numpy as np
+
+from esync import data, models
+from esync.checkpoint import CheckpointError, CheckpointStore
+
+
+def accuracy(net, images: np.ndarray, labels: np.ndarray, ctx: mx.Context, input_size: int,
+             batch_size: int = 1000) -> float:
+    correct = 0
+    for x, y in data.iterate_batches(images, labels, batch_size, input_size, ctx):
+        correct += int((net(x).argmax(axis=1) == y).sum().asscalar())
+    return correct / len(labels)
+
+
+def load_into(net, arrays: dict) -> None:
+    for name, param in models.named_parameters(net).items():
+        param.set_data(mx.nd.array(arrays[name], ctx=param.list_ctx()[0]))
+
+
+class EvaluationLog:
+    """Append-only ``evaluations.jsonl``; readers take the latest accuracy from it."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._offset = 0
+        self.latest_accuracy: float | None = None
+
+    def append(self, entry: dict) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(entry) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def poll(self) -> float | None:
+        """Read lines appended since the last call; return the latest accuracy seen."""
+        try:
+            with open(self.path) as f:
+                f.seek(self._offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return self.latest_accuracy
+        complete = chunk[:chunk.rfind("\n") + 1]
+        self._offset += len(complete)
+        for line in complete.splitlines():
+            try:
+                self.latest_accuracy = float(json.loads(line)["accuracy"])
+            except (ValueError, KeyError, TypeError):
+                continue
+        return self.latest_accuracy
+
+
+def run(args, mode_dir: Path, *, poll_seconds: float = 0.2, idle_timeout: float = 0.0) -> int:
+    ctx = mx.cpu() if args.cpu else mx.gpu(args.gpu)
+    images, labels = data.load_fashion_mnist(args.data_dir, "test")
+    net = models.build(args.network, ctx, seed=args.seed)
+    size = models.input_size(args.network)
+    shapes = {k: p.shape for k, p in models.named_parameters(net).items()}
+    store = CheckpointStore(mode_dir / "checkpoints")
+    log = EvaluationLog(mode_dir / "evaluations.jsonl")
+    scored = {json.loads(line)["round"] for line in _lines(log.path)}
+    idle_since = time.monotonic()
+    print(f"[evaluator] watching {store.folder}", flush=True)
+    while True:
+        done = store.is_done()
+        pending = [p for p in store.list() if _round_of(p) not in scored]
+        if not pending:
+            if done:
+                print("[evaluator] job finished; all checkpoints scored", flush=True)
+                return 0
+            if idle_timeout and time.monotonic() - idle_since > idle_timeout:
+                print("[evaluator] no new checkpoint for too long; stopping", flush=True)
+                return 1
+            time.sleep(poll_seconds)
+            continue
+        idle_since = time.monotonic()
+        path = pending[-1] if len(pending) > 2 and not done else pending[0]
+        for skipped in pending[:pending.index(path)]:
+            scored.add(_round_of(skipped))
+        try:
+            meta, arrays = store.load(path, network=args.network, shapes=shapes)
+        except CheckpointError as exc:
+            print(f"[evaluator] error: {exc}", flush=True)
+            return 2
+        load_into(net, arrays)
+        acc = accuracy(net, images, labels, ctx, size)
+        log.append({"round": meta["round"], "total_time": meta["total_time"],
+                    "accuracy": round(acc, 5), "samples": meta.get("samples")})
+        scored.add(meta["round"])
+        print(f"[evaluator] round {meta['round']} t={meta['total_time']:.1f}s "
+              f"accuracy {acc:.4f}", flush=True)
+
+
+def _round_of(path: Path) -> int:
+    return int(path.stem.split("-")[1])
+
+
+def _lines(path: Path) -> list[str]:
+    try:
+        return [ln for ln in Path(path).read_text().splitlines() if ln.strip()]
+    except FileNotFoundError:
+        return []

@@ -1,0 +1,95 @@
+"""The model zoo by the original ESync's names, built for 1-channel 10-class Fashion-MNIST.
+
+Input sizes follow the original: 28x28 for the ResNets and MobileNets (the ResNets use the
+model zoo's ``thumbnail`` stem, a 3x3 convolution without max-pooling, made for small images),
+224x224 for AlexNet and 299x299 for Inception-v3. ``lenet`` is a small CNN for CPU experiments
+and tests (about 20 ms for a batch of 64 on one core).
+"""
+from dataclasses import dataclass
+from typing import Callable
+
+import mxnet as mx
+from mxnet import gluon
+from mxnet.gluon import nn
+from mxnet.gluon.model_zoo import vision
+
+NUM_CLASSES = 10
+
+
+def _lenet(classes: int) -> gluon.HybridBlock:
+    net = nn.HybridSequential(prefix="lenet_")
+    with net.name_scope():
+        net.add(nn.Conv2D(20, kernel_size=5, activation="relu"),
+                nn.MaxPool2D(pool_size=2, strides=2),
+                nn.Conv2D(50, kernel_size=5, activation="relu"),
+                nn.MaxPool2D(pool_size=2, strides=2),
+                nn.Flatten(),
+                nn.Dense(500, activation="relu"),
+                nn.Dense(classes))
+    return net
+
+
+@dataclass(frozen=True)
+class NetworkSpec:
+    build: Callable[[int], gluon.HybridBlock]
+    input_size: int
+
+
+NETWORKS = {
+    "lenet": NetworkSpec(_lenet, 28),
+    "alexnet": NetworkSpec(lambda c: vision.alexnet(classes=c), 224),
+    "resnet18-v1": NetworkSpec(lambda c: vision.resnet18_v1(classes=c, thumbnail=True), 28),
+    "resnet50-v1": NetworkSpec(lambda c: vision.resnet50_v1(classes=c, thumbnail=True), 28),
+    "resnet50-v2": NetworkSpec(lambda c: vision.resnet50_v2(classes=c, thumbnail=True), 28),
+    "mobilenet-v1": NetworkSpec(lambda c: vision.mobilenet1_0(classes=c), 28),
+    "mobilenet-v2": NetworkSpec(lambda c: vision.mobilenet_v2_1_0(classes=c), 28),
+    "inception-v3": NetworkSpec(lambda c: vision.inception_v3(classes=c), 299),
+}
+
+
+class UnknownNetworkError(ValueError):
+    pass
+
+
+def input_size(name: str) -> int:
+    return _spec(name).input_size
+
+
+def _spec(name: str) -> NetworkSpec:
+    try:
+        return NETWORKS[name]
+    except KeyError:
+        raise UnknownNetworkError(
+            f"unknown network {name!r}; choose one of: {', '.join(NETWORKS)}") from None
+
+
+def build(name: str, ctx: mx.Context, *, seed: int = 1, hybridize: bool = True) -> gluon.HybridBlock:
+    """Build, initialise (Xavier, seeded) and shape-infer network `name` on `ctx`.
+
+    A forward pass on one dummy image fixes every deferred shape, so parameters can be pushed to
+    the parameter server right away.
+    """
+    spec = _spec(name)
+    mx.random.seed(seed)
+    net = spec.build(NUM_CLASSES)
+    net.initialize(mx.init.Xavier(), ctx=ctx)
+    if hybridize:
+        net.hybridize(static_alloc=True)
+    net(mx.nd.zeros((1, 1, spec.input_size, spec.input_size), ctx=ctx))
+    return net
+
+
+def named_parameters(net: gluon.Block) -> dict:
+    """Parameters by structural name (``features.0.weight``), independent of name counters.
+
+    The order is the network's own, identical in every process that builds the same network,
+    which makes it a stable key order for the parameter server and for checkpoints.
+    """
+    return dict(net._collect_params_with_prefix())
+
+
+def trainable_and_aux(net: gluon.Block):
+    """Split parameters into trainable ones and auxiliary states (batch-norm running statistics)."""
+    params = list(named_parameters(net).values())
+    return ([p for p in params if p.grad_req != "null"],
+            [p for p in params if p.grad_req == "null"])

@@ -1,0 +1,294 @@
+"""The training loop, written once for every mode: stepping, timing, logging, checkpoints, stopping.
+
+A round is: local iterations while the algorithm says so (one for sync/async/local, k_i for
+ESync), then the algorithm's aggregation. Everything mode-specific lives in ``esync.algorithms``.
+"""
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import mxnet as mx
+from mxnet import autograd, gluon
+
+from esync import data, models
+from esync.algorithms import Worker, algorithm_class, mode_dir_name
+from esync.checkpoint import CheckpointError, CheckpointStore
+from esync.cli import UsageError
+from esync.evaluator import EvaluationLog, accuracy
+from esync.kvstore import KeyMap, KVChannel
+from esync.measure import LogDirError, RoundLogWriter, RoundRecord
+
+COMPUTE_PHASES = ("get_batch", "forward and backward", "local update", "emulated slowdown")
+
+
+def mode_dir(args) -> Path:
+    return (Path(args.log_dir) / args.network
+            / mode_dir_name(args.mode, args.use_dcasgd, args.split_by_class))
+
+
+def guarded(fn) -> int:
+    """Run `fn`, turning the errors a user can fix into one ``error:`` line and exit code 2."""
+    try:
+        return fn()
+    except Exception as exc:
+        if not isinstance(exc, _user_errors()):
+            raise
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
+
+
+def _user_errors() -> tuple:
+    errors = [UsageError, data.DataError, LogDirError, CheckpointError, models.UnknownNetworkError]
+    client = sys.modules.get("esync.state_client")   # imported only by ESync mode
+    if client is not None:
+        errors.append(client.StateServerError)
+    return tuple(errors)
+
+
+def run(args) -> int:
+    return guarded(lambda: train(args))
+
+
+def resolve_context(args) -> mx.Context:
+    if args.cpu:
+        return mx.cpu()
+    available = mx.context.num_gpus()
+    if args.gpu >= available:
+        raise UsageError(f"argument -g/--gpu: GPU {args.gpu} asked for, but this machine has "
+                         f"{available} GPU(s) visible to MXNet; train on the CPU with -c 1")
+    return mx.gpu(args.gpu)
+
+
+class StopCriteria:
+    def __init__(self, args):
+        self.max_rounds, self.max_seconds = args.max_rounds, args.max_seconds
+        self.target = args.target_accuracy
+
+    def reached(self, round_no: int, elapsed: float, latest_accuracy) -> bool:
+        return bool((self.max_rounds and round_no >= self.max_rounds)
+                    or (self.max_seconds and elapsed >= self.max_seconds)
+                    or (self.target and latest_accuracy is not None
+                        and latest_accuracy >= self.target))
+
+
+def _connect(algo_cls, args):
+    if algo_cls.kvstore_type is None:
+        return None, 0, 1
+    channel = KVChannel(mx.kv.create(algo_cls.kvstore_type))
+    return channel, channel.rank, channel.num_workers
+
+
+def _shard(args, rank: int, num_workers: int) -> data.BatchStream:
+    images, labels = data.load_fashion_mnist(args.data_dir, "train")
+    index = data.partition(labels, num_workers, rank, by_class=bool(args.split_by_class),
+                           seed=args.seed)
+    return data.BatchStream(images[index], labels[index], args.batch_size,
+                            models.input_size(args.network), resolve_context(args),
+                            seed=args.seed * 1000 + rank)
+
+
+def _device_name(args, rank: int) -> str:
+    if args.device_name:
+        return args.device_name
+    return f"cpu{rank}" if args.cpu else f"gpu{args.gpu}"
+
+
+def _start_global_model(worker: Worker, store: CheckpointStore | None, resume: bool):
+    """Rank 0's model (fresh or from the last checkpoint) becomes everyone's starting point.
+
+    Returns (first round number - 1, training seconds already spent, samples already seen).
+    """
+    args, net = worker.args, worker.net
+    start = (0, 0.0, 0)
+    if resume and store is not None and worker.rank == 0:
+        found = store.latest(network=args.network,
+                             shapes={k: p.shape for k, p in models.named_parameters(net).items()})
+        if found is None:
+            raise CheckpointError(f"--resume: no checkpoint in {store.folder}")
+        path, meta, arrays = found
+        from esync.evaluator import load_into
+        load_into(net, arrays)
+        store.clear_done()
+        start = (int(meta["round"]), float(meta["total_time"]), int(meta.get("samples") or 0))
+        print(f"[rank 0] resuming from {path.name} (round {start[0]})", flush=True)
+    if worker.channel is None:
+        return start
+    keys = worker.keys
+    values = ([p.data() for p in worker.trainable] + [p.data() for p in worker.aux]
+              + [mx.nd.zeros(2), mx.nd.array(start)])
+    all_keys = keys.trainable + keys.aux + [keys.control, keys.meta]
+    worker.channel.init(all_keys, values)
+    worker.channel.pull(all_keys[:-2] + [keys.meta], values[:-2] + [values[-1]])
+    worker.channel.bytes_pulled = 0
+    first, seconds, samples = values[-1].asnumpy().tolist()
+    return int(first), float(seconds), int(samples)
+
+
+def train(args) -> int:
+    ctx = resolve_context(args)
+    algo_cls = algorithm_class(args.mode, args.use_dcasgd)
+    folder = mode_dir(args)
+    channel, rank, num_workers = _connect(algo_cls, args)
+    net = models.build(args.network, ctx, seed=args.seed)
+    trainable, aux = models.trainable_and_aux(net)
+    worker = Worker(args=args, ctx=ctx, net=net, trainable=trainable, aux=aux, channel=channel,
+                    keys=KeyMap(len(trainable), len(aux)), rank=rank, num_workers=num_workers)
+    device = _device_name(args, rank)
+    writer = RoundLogWriter(folder / args.host_name / device, overwrite=args.overwrite,
+                            resume=args.resume)
+    stream = _shard(args, rank, num_workers)
+    store = CheckpointStore(folder / "checkpoints") if channel is not None else None
+    if rank == 0:
+        _write_run_config(folder, args, num_workers)
+    _write_json(writer.folder / "config.json", dict(vars(args), rank=rank, device=device,
+                                                    num_workers=num_workers))
+    algo = algo_cls(worker)
+    algo.prepare()
+    done_rounds, spent, samples = _start_global_model(worker, store, args.resume)
+    algo.setup()
+    loop = TrainingLoop(worker, algo, stream, writer, store, folder, device)
+    return loop.run(done_rounds, spent, samples)
+
+
+class TrainingLoop:
+    def __init__(self, worker, algo, stream, writer, store, folder, device):
+        self.w, self.algo, self.stream, self.writer, self.store = worker, algo, stream, writer, store
+        self.args = worker.args
+        self.loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+        self.criteria = StopCriteria(self.args)
+        self.evaluations = EvaluationLog(folder / "evaluations.jsonl")
+        self.prefix = f"[rank {worker.rank} {device}]"
+        self.standalone = worker.channel is None
+        if self.standalone:
+            self.test_set = data.load_fashion_mnist(self.args.data_dir, "test")
+
+    def run(self, done_rounds: int, spent: float, samples: int) -> int:
+        args, w = self.args, self.w
+        last_c = self._warm_up()
+        clock0 = time.perf_counter() - spent
+        total_samples = samples
+        last_print = 0.0
+        round_no = done_rounds
+        print(f"{self.prefix} training {args.network} in {args.mode} mode, "
+              f"{w.num_workers} worker(s), slow-down x{args.slowdown:g}", flush=True)
+        while True:
+            round_no += 1
+            record = RoundRecord(round_no)
+            round_start = time.perf_counter()
+            pushed0, pulled0 = w.channel.counters() if w.channel else (0, 0)
+            requests0 = self.algo.state_requests()
+            k, last_c, loss = self._local_phase(record, last_c)
+            w.samples_this_round = record.num_samples
+            elapsed = time.perf_counter() - clock0
+            want_stop = self.criteria.reached(round_no, elapsed, self.evaluations.poll())
+            stop = self.algo.aggregate(record, want_stop)
+            total_samples += getattr(self.algo, "global_samples", record.num_samples)
+            acc = self._evaluate_inline(record, round_no, stop, elapsed)
+            clock0 += record.seconds("evaluation")   # standalone: scoring is not training time
+            elapsed = time.perf_counter() - clock0
+            pushed, pulled = w.channel.counters() if w.channel else (0, 0)
+            compute = record.seconds(*COMPUTE_PHASES)
+            record.extras = {
+                "k": k, "compute_time": round(compute, 6),
+                "slowdown_time": round(record.seconds("emulated slowdown"), 6),
+                "wait_time": round(time.perf_counter() - round_start - compute, 6),
+                "bytes_pushed": pushed - pushed0, "bytes_pulled": pulled - pulled0,
+                "slowdown": args.slowdown, "rank": w.rank,
+                "state_requests": self.algo.state_requests() - requests0,
+                "train_loss": round(loss, 5)}
+            self.writer.write(record, elapsed, acc)
+            self._checkpoint(round_no, elapsed, total_samples, stop)
+            now = time.perf_counter()
+            if stop or now - last_print > 2.0:
+                last_print = now
+                print(f"{self.prefix} round {round_no} k={k} loss={loss:.4f} "
+                      f"t={elapsed:.1f}s" + (f" acc={acc:.4f}" if acc is not None else ""),
+                      flush=True)
+            if stop:
+                break
+        self.algo.close()
+        print(f"{self.prefix} stopped after round {round_no} ({elapsed:.1f}s)", flush=True)
+        return 0
+
+    def _warm_up(self) -> float:
+        """One step on a dummy batch: compiles the graph, gives the first c_i, uses no data."""
+        size = models.input_size(self.args.network)
+        data_ = mx.nd.zeros((self.args.batch_size, 1, size, size), ctx=self.w.ctx)
+        label = mx.nd.zeros((self.args.batch_size,), ctx=self.w.ctx)
+        start = time.perf_counter()
+        with autograd.record():
+            loss = self.loss_fn(self.w.net(data_), label)
+        loss.backward()
+        mx.nd.waitall()
+        return (time.perf_counter() - start) * self.args.slowdown
+
+    def _local_phase(self, record: RoundRecord, last_c: float):
+        k, loss_sum = 0, 0.0
+        while True:
+            record.begin_iteration()
+            if not self.algo.continue_local(k, last_c, record):
+                record.drop_empty_iteration()
+                break
+            start = time.perf_counter()
+            with record.phase("get_batch"):
+                x, y = self.stream.next_batch()
+            with record.phase("forward and backward"):
+                with autograd.record():
+                    loss = self.loss_fn(self.w.net(x), y)
+                loss.backward()
+            self.algo.local_step(record, self.args.batch_size)
+            if self.args.slowdown > 1:
+                busy = record.current()
+                work = busy.get("forward and backward", 0.0) + busy.get("local update", 0.0)
+                with record.phase("emulated slowdown"):
+                    time.sleep((self.args.slowdown - 1) * work)
+            loss_sum += float(loss.mean().asscalar())
+            record.num_samples += self.args.batch_size
+            k += 1
+            last_c = time.perf_counter() - start
+        return k, last_c, loss_sum / max(k, 1)
+
+    def _evaluate_inline(self, record, round_no: int, stop: bool, elapsed: float):
+        """Standalone mode only: no evaluator process, so score the model here."""
+        if not self.standalone or not (round_no % self.args.eval_duration == 0 or stop):
+            return None
+        images, labels = self.test_set
+        with record.phase("evaluation"):
+            acc = accuracy(self.w.net, images, labels, self.w.ctx,
+                           models.input_size(self.args.network))
+        self.evaluations.append({"round": round_no, "total_time": round(elapsed, 6),
+                                 "accuracy": round(acc, 5),
+                                 "samples": round_no * self.args.batch_size})
+        self.evaluations.latest_accuracy = acc
+        return acc
+
+    def _checkpoint(self, round_no: int, elapsed: float, samples: int, stop: bool) -> None:
+        if self.store is None or self.w.rank != 0:
+            return
+        if round_no % self.args.eval_duration == 0 or stop:
+            arrays = {name: p.data().asnumpy()
+                      for name, p in models.named_parameters(self.w.net).items()}
+            self.store.save(round_no, arrays, {
+                "network": self.args.network, "mode": self.args.mode,
+                "total_time": round(elapsed, 6), "samples": samples,
+                "config": _jsonable(vars(self.args))})
+        if stop:
+            self.store.mark_done({"round": round_no, "total_time": elapsed})
+
+
+def _jsonable(d: dict) -> dict:
+    return {k: v for k, v in d.items() if isinstance(v, (str, int, float, bool, type(None)))}
+
+
+def _write_json(path: Path, content: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(_jsonable(content), indent=1))
+    os.replace(tmp, path)
+
+
+def _write_run_config(folder: Path, args, num_workers: int) -> None:
+    _write_json(folder / "run.json", dict(vars(args), num_workers=num_workers,
+                                          mode_dir=folder.name))

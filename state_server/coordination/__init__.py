@@ -1,0 +1,1 @@
+"""The coordination API of the ESync state server: jobs, per-round decisions, round history."""

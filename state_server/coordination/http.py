@@ -1,0 +1,200 @@
+"""HTTP plumbing of the API: body parsing (form or JSON), typed fields, the token, JSON errors.
+
+Views are wrapped by ``api``: it checks the method, the body size and (for calls that change
+state) the token, hands the view its fields, turns a returned dict into JSON and every rejected
+input into ``{"error": "...", "field": "..."}`` with a 4xx status, before any state is touched.
+"""
+from __future__ import annotations
+
+import functools
+import hmac
+import json
+import re
+
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
+from django.http import JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from esync.policy import AUTO, PolicyError, PolicyMismatch
+
+from .services import JobNotFound
+
+ERR_BODY_TOO_LARGE = "request body is larger than {limit} bytes"
+ERR_BODY_NOT_JSON = "body is not a JSON object: {detail}"
+ERR_BODY_UNREADABLE = "body could not be parsed: {detail}"
+ERR_MISSING = "missing field {field!r}"
+ERR_NOT_INTEGER = "field {field!r} must be an integer, got {value!r}"
+ERR_NOT_NUMBER = "field {field!r} must be a number, got {value!r}"
+ERR_NOT_TEXT = "field {field!r} must be text, got {value!r}"
+ERR_TOKEN_MISSING = ("this call changes state and needs the job token: send the header "
+                     "'Authorization: Bearer <token>' or a field 'token'")
+ERR_TOKEN_WRONG = "wrong token"
+ERR_METHOD = "method {method} not allowed here; use {allowed}"
+ERR_JOB_NAME = "job names are 1 to 64 letters, digits, '.', '_' or '-'"
+ERR_NOT_FOUND = "no such endpoint: {path}"
+ERR_SERVER = "internal error of the state server"
+
+JOB_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
+class FieldError(Exception):
+    """A rejected request: message, offending field, HTTP status."""
+
+    def __init__(self, message: str, field: str | None = None, status: int = 400):
+        super().__init__(message)
+        self.message, self.field, self.status = message, field, status
+
+
+def error_response(message: str, field: str | None = None, status: int = 400) -> JsonResponse:
+    return JsonResponse({"error": message, "field": field}, status=status)
+
+
+def read_fields(request) -> dict:
+    """The request's fields: query string for GET, else a JSON object or a form body."""
+    if request.method == "GET":
+        return {key: request.GET.get(key) for key in request.GET}
+    limit = settings.ESYNC_STATE_MAX_BODY
+    try:
+        declared = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        declared = 0
+    if declared > limit:
+        raise FieldError(ERR_BODY_TOO_LARGE.format(limit=limit), None, 413)
+    try:
+        body = request.body
+        if len(body) > limit:
+            raise FieldError(ERR_BODY_TOO_LARGE.format(limit=limit), None, 413)
+        if request.content_type == "application/json" or body.lstrip()[:1] == b"{":
+            return _json_fields(body)
+        return {key: request.POST.get(key) for key in request.POST}
+    except RequestDataTooBig:
+        raise FieldError(ERR_BODY_TOO_LARGE.format(limit=limit), None, 413) from None
+    except SuspiciousOperation as exc:
+        raise FieldError(ERR_BODY_UNREADABLE.format(detail=exc), None, 400) from None
+
+
+def _json_fields(body: bytes) -> dict:
+    try:
+        data = json.loads(body or b"{}")
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise FieldError(ERR_BODY_NOT_JSON.format(detail=exc)) from None
+    if not isinstance(data, dict):
+        raise FieldError(ERR_BODY_NOT_JSON.format(detail=type(data).__name__))
+    return data
+
+
+def _get(fields: dict, name: str, required: bool):
+    """The raw value, or None when absent and optional."""
+    value = fields.get(name)
+    if value is None or value == "":
+        if required:
+            raise FieldError(ERR_MISSING.format(field=name), name)
+        return None
+    return value
+
+
+def int_field(fields: dict, name: str, *, default: int | None = None, required: bool = True) -> int:
+    """An integer from a form string or a JSON number (ranges are the policy's business)."""
+    value = _get(fields, name, required)
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        raise FieldError(ERR_NOT_INTEGER.format(field=name, value=value), name)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and re.fullmatch(r"\s*[-+]?\d{1,30}\s*", value):
+        return int(value)
+    raise FieldError(ERR_NOT_INTEGER.format(field=name, value=_short(value)), name)
+
+
+def float_field(fields: dict, name: str, *, default: float | None = None,
+                required: bool = True) -> float:
+    """A number from a form string or a JSON number (finiteness and range: the policy's)."""
+    value = _get(fields, name, required)
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        raise FieldError(ERR_NOT_NUMBER.format(field=name, value=value), name)
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str) and len(value) <= 64:
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    raise FieldError(ERR_NOT_NUMBER.format(field=name, value=_short(value)), name)
+
+
+def text_field(fields: dict, name: str, *, default: str) -> str:
+    value = _get(fields, name, required=False)
+    if value is None:
+        return default
+    if not isinstance(value, str):
+        raise FieldError(ERR_NOT_TEXT.format(field=name, value=_short(value)), name)
+    return value.strip()
+
+
+def epsilon_field(fields: dict) -> float | str:
+    """``"auto"`` (default) or absolute seconds, as the original's ``epsilon``."""
+    value = fields.get("epsilon")
+    if value is None or value == "" or (isinstance(value, str) and value.strip() == AUTO):
+        return AUTO
+    return float_field(fields, "epsilon")
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def check_token(request, fields: dict) -> None:
+    """401 without a token (unless anonymous calls are allowed), 403 with a wrong one."""
+    header = request.META.get("HTTP_AUTHORIZATION", "")
+    given = header[7:].strip() if header[:7].lower() == "bearer " else None
+    if not given:
+        field = fields.get("token")
+        given = field if isinstance(field, str) and field else None
+    if given is None:
+        if settings.ESYNC_STATE_ALLOW_ANONYMOUS:
+            return
+        raise FieldError(ERR_TOKEN_MISSING, "token", 401)
+    if not hmac.compare_digest(given.encode(), settings.ESYNC_STATE_TOKEN.encode()):
+        raise FieldError(ERR_TOKEN_WRONG, "token", 403)
+
+
+def api(method: str, *, changes_state: bool):
+    """Wrap a view ``view(request, fields, job=...) -> dict`` into a JSON API endpoint."""
+
+    def decorate(view):
+        @csrf_exempt
+        @functools.wraps(view)
+        def endpoint(request, **kwargs):
+            try:
+                if request.method != method:
+                    raise FieldError(ERR_METHOD.format(method=request.method, allowed=method),
+                                     None, 405)
+                job = kwargs.get("job")
+                if job is not None and not JOB_NAME.fullmatch(job):
+                    raise FieldError(ERR_JOB_NAME, "job")
+                fields = read_fields(request)
+                if changes_state:
+                    check_token(request, fields)
+                return JsonResponse(view(request, fields, **kwargs), safe=False)
+            except FieldError as exc:
+                response = error_response(exc.message, exc.field, exc.status)
+                if exc.status == 405:
+                    response["Allow"] = method
+                return response
+            except PolicyMismatch as exc:
+                return error_response(exc.message, exc.field, 409)
+            except PolicyError as exc:
+                return error_response(exc.message, exc.field, 400)
+            except JobNotFound as exc:
+                return error_response(exc.message, exc.field, 404)
+
+        return endpoint
+
+    return decorate

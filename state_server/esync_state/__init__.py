@@ -1,0 +1,1 @@
+"""Django project of the ESync state server (settings, URLs, WSGI entry point)."""

@@ -1,0 +1,7 @@
+"""Root URLs: the coordination API at the root (the original's paths), JSON error pages."""
+from django.urls import include, path
+
+urlpatterns = [path("", include("coordination.urls"))]
+
+handler404 = "coordination.views.not_found"
+handler500 = "coordination.views.server_error"

@@ -1,0 +1,458 @@
+"""esync.policy: ESYNC.md's decision table branch by branch, the planned policy, the slack, threads."""
+import heapq
+import math
+import sys
+import threading
+import time
+
+import pytest
+
+from esync.policy import (AUTO, ERR_C, ERR_EPSILON, ERR_K, ERR_NUM_WORKERS, ERR_POLICY, ERR_RANK,
+                          ERR_ROUND, ERR_WRONG_POLICY_APPLY, ERR_WRONG_POLICY_PLAN, JobRegistry,
+                          JobState, PolicyError, PolicyMismatch)
+
+
+class FakeClock:
+    def __init__(self, now: float = 1000.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock():
+    return FakeClock()
+
+
+def dynamic_job(clock, *, num_workers=2, epsilon=0.0):
+    return JobState(num_workers=num_workers, epsilon=epsilon, policy="dynamic", clock=clock)
+
+
+def start_round_two(job, clock, *, slow_c=1.0, fast_c=0.1):
+    """Round 1 done (rank 0 fast, rank 1 slow); both enter round 2 and report k=0."""
+    job.apply(0, 1, fast_c)
+    job.apply(1, 1, slow_c)
+    job.enter_round(0, 2)
+    job.enter_round(1, 2)
+    job.apply(1, 0, slow_c)          # the slowest starts its iteration now
+    job.apply(0, 0, fast_c)
+
+
+# -- the decision table of ESYNC.md ------------------------------------------------------------
+
+def test_first_report_of_a_round_is_never_ready(clock):
+    job = dynamic_job(clock)
+    assert job.apply(1, 0, 5.0) is False
+
+
+def test_not_ready_while_slowest_has_not_entered_the_current_round(clock):
+    job = dynamic_job(clock)
+    job.apply(0, 1, 0.1)
+    job.apply(1, 1, 1.0)
+    job.enter_round(0, 2)            # rank 1, the slowest, is still in round 1
+    job.apply(0, 0, 0.1)
+    clock.advance(10.0)
+    assert job.apply(0, 1, 0.1) is False
+
+
+def test_not_ready_while_slowest_entered_but_has_not_reported_in_the_round(clock):
+    job = dynamic_job(clock)
+    job.apply(0, 1, 0.1)
+    job.apply(1, 1, 1.0)
+    job.enter_round(0, 2)
+    job.enter_round(1, 2)            # its `seen` still dates from round 1
+    clock.advance(10.0)
+    assert job.apply(0, 1, 0.1) is False
+
+
+def test_slowest_itself_is_ready_after_one_iteration(clock):
+    job = dynamic_job(clock)
+    start_round_two(job, clock)
+    clock.advance(1.0)
+    assert job.apply(1, 1, 1.0) is True
+
+
+def test_ready_once_the_slowest_is_ready(clock):
+    job = dynamic_job(clock)
+    start_round_two(job, clock)
+    clock.advance(1.0)
+    job.apply(1, 1, 1.0)             # slowest ready; its fresh report makes remaining = c_s again
+    assert job.apply(0, 3, 0.1) is True
+
+
+def test_ready_when_the_next_iteration_would_overrun_the_slowest(clock):
+    job = dynamic_job(clock)
+    start_round_two(job, clock)
+    clock.advance(0.95)              # remaining 0.05 < c_i = 0.1
+    assert job.apply(0, 9, 0.1) is True
+
+
+def test_not_ready_while_one_more_iteration_fits(clock):
+    job = dynamic_job(clock)
+    start_round_two(job, clock)
+    clock.advance(0.5)               # remaining 0.5 > c_i = 0.1
+    assert job.apply(0, 5, 0.1) is False
+
+
+def test_absolute_epsilon_is_added_to_the_iteration_time(clock):
+    job = dynamic_job(clock, epsilon=0.5)
+    start_round_two(job, clock)
+    clock.advance(0.45)              # remaining 0.55 < 0.1 + 0.5
+    assert job.apply(0, 4, 0.1) is True
+
+
+def test_ready_is_remembered_for_the_worker(clock):
+    job = dynamic_job(clock)
+    start_round_two(job, clock)
+    clock.advance(0.95)
+    job.apply(0, 9, 0.1)
+    assert job.snapshot()["workers"][0]["ready"] is True
+
+
+# -- rounds and history ----------------------------------------------------------------------
+
+def test_entering_a_new_round_clears_every_k_and_ready(clock):
+    job = dynamic_job(clock)
+    job.apply(0, 1, 0.1)
+    job.apply(1, 1, 1.0)
+    entry = job.enter_round(0, 2)
+    workers = job.snapshot()["workers"]
+    assert entry.new_round and job.current_round == 2
+    assert [(w["k"], w["ready"]) for w in workers] == [(0, False), (0, False)]
+
+
+def test_entering_the_current_round_again_changes_nothing(clock):
+    job = dynamic_job(clock)
+    job.enter_round(0, 2)
+    job.apply(0, 0, 0.1)
+    job.apply(0, 1, 0.1)
+    entry = job.enter_round(1, 2)
+    assert not entry.new_round and entry.record is None
+    assert job.snapshot()["workers"][0]["k"] == 1
+
+
+def test_closed_round_records_k_c_compute_and_wait(clock):
+    job = dynamic_job(clock)
+    job.apply(0, 0, 0.0)
+    for k in (1, 2):
+        clock.advance(0.1)
+        job.apply(0, k, 0.1)
+    clock.advance(0.3)               # aggregation and waiting
+    record = job.enter_round(0, 2).record
+    assert (record.round, record.rank, record.k, record.c) == (1, 0, 2, 0.1)
+    assert record.compute == pytest.approx(0.2) and record.wait == pytest.approx(0.3)
+
+
+def test_history_keeps_every_closed_round(clock):
+    job = dynamic_job(clock)
+    for t in (2, 3):
+        for rank in (0, 1):
+            job.apply(rank, 1, 0.1)
+            job.enter_round(rank, t)
+    assert [(r["round"], r["rank"]) for r in job.history_records()] == [(1, 0), (1, 1), (2, 0), (2, 1)]
+
+
+def test_snapshot_reports_the_slowest_and_every_worker(clock):
+    job = dynamic_job(clock, num_workers=3)
+    job.apply(2, 1, 0.7)
+    snap = job.snapshot()
+    assert snap["slowest"] == 2 and len(snap["workers"]) == 3 and snap["round"] == 1
+
+
+# -- validation: rejected calls change nothing -------------------------------------------------
+
+@pytest.mark.parametrize("rank, k, c, field, message", [
+    (2, 1, 0.1, "r", ERR_RANK.format(num_workers=2)),
+    (-1, 1, 0.1, "r", ERR_RANK.format(num_workers=2)),
+    (0, -1, 0.1, "k", ERR_K),
+    (0, 10**12, 0.1, "k", ERR_K),
+    (0, True, 0.1, "k", ERR_K),
+    (0, 1, -0.1, "c", ERR_C),
+    (0, 1, math.nan, "c", ERR_C),
+    (0, 1, math.inf, "c", ERR_C),
+    (0, 1, 1e9, "c", ERR_C),
+])
+def test_bad_report_is_rejected_without_changing_state(clock, rank, k, c, field, message):
+    job = dynamic_job(clock)
+    job.apply(0, 1, 0.2)
+    before = job.snapshot()
+    with pytest.raises(PolicyError) as info:
+        job.apply(rank, k, c)
+    assert (info.value.field, info.value.message) == (field, message)
+    assert job.snapshot() == before
+
+
+@pytest.mark.parametrize("kwargs, field, message", [
+    ({"num_workers": 0}, "num_workers", ERR_NUM_WORKERS),
+    ({"num_workers": 10**6}, "num_workers", ERR_NUM_WORKERS),
+    ({"num_workers": 2, "epsilon": -0.5}, "epsilon", ERR_EPSILON),
+    ({"num_workers": 2, "epsilon": "fast"}, "epsilon", ERR_EPSILON),
+    ({"num_workers": 2, "policy": "greedy"}, "policy", ERR_POLICY),
+])
+def test_bad_job_configuration_is_rejected(kwargs, field, message):
+    with pytest.raises(PolicyError) as info:
+        JobState(**kwargs)
+    assert (info.value.field, info.value.message) == (field, message)
+
+
+def test_entering_round_zero_is_rejected(clock):
+    job = dynamic_job(clock)
+    with pytest.raises(PolicyError) as info:
+        job.enter_round(0, 0)
+    assert (info.value.field, info.value.message) == ("t", ERR_ROUND)
+
+
+def test_apply_on_a_planned_job_is_a_policy_mismatch(clock):
+    job = JobState(num_workers=2, policy="planned", clock=clock)
+    with pytest.raises(PolicyMismatch, match=ERR_WRONG_POLICY_APPLY):
+        job.apply(0, 1, 0.1)
+
+
+def test_plan_on_a_dynamic_job_is_a_policy_mismatch(clock):
+    with pytest.raises(PolicyMismatch, match=ERR_WRONG_POLICY_PLAN):
+        dynamic_job(clock).plan(0, 0.1)
+
+
+# -- the planned policy ------------------------------------------------------------------------
+
+def planned_job(clock, durations, *, epsilon=AUTO):
+    job = JobState(num_workers=len(durations), epsilon=epsilon, policy="planned", clock=clock)
+    for rank, c in enumerate(durations):
+        job.plan(rank, c)
+    return job
+
+
+def test_planned_answers_one_while_some_worker_never_reported(clock):
+    job = JobState(num_workers=3, policy="planned", clock=clock)
+    job.plan(0, 0.01)
+    job.plan(1, 0.08)
+    assert job.plan(0, 0.01) == 1
+
+
+def test_planned_answers_one_to_a_worker_without_a_duration_yet(clock):
+    job = planned_job(clock, [0.01, 0.08])
+    job2 = JobState(num_workers=2, policy="planned", clock=clock)
+    job2.plan(1, 0.08)
+    assert job2.plan(0, 0.0) == 1 and job.plan(0, 0.01) == 8
+
+
+def test_planned_gives_the_slowest_one_iteration(clock):
+    job = planned_job(clock, [0.01, 0.08])
+    assert job.plan(1, 0.08) == 1
+
+
+def test_planned_auto_slack_fills_the_slowest_iteration(clock):
+    job = planned_job(clock, [0.01, 0.01, 0.04, 0.08])
+    assert [job.plan(rank, c) for rank, c in enumerate([0.01, 0.01, 0.04, 0.08])] == [8, 8, 2, 1]
+
+
+def test_planned_auto_slack_does_not_lose_an_iteration_to_timing_noise(clock):
+    job = planned_job(clock, [0.0406, 0.08])      # measured 1.97x faster: 2 iterations, not 1
+    assert job.plan(0, 0.0406) == 2
+
+
+def test_planned_auto_slack_floors_a_clearly_fractional_ratio(clock):
+    job = planned_job(clock, [0.05, 0.05, 0.05, 0.08])   # 1.6x: a second iteration overruns
+    assert job.plan(0, 0.05) == 1
+
+
+def test_planned_absolute_epsilon_is_subtracted_from_the_slowest_duration(clock):
+    job = planned_job(clock, [1.0, 4.0], epsilon=0.5)
+    assert job.plan(0, 1.0) == 3                  # floor((4 - 0.5) / 1)
+
+
+def test_planned_uses_the_latest_duration_of_every_worker(clock):
+    job = planned_job(clock, [0.01, 0.08])
+    job.plan(1, 0.04)
+    assert job.plan(0, 0.01) == 4
+
+
+def test_planned_k_is_recorded_in_the_history(clock):
+    job = planned_job(clock, [0.01, 0.08])
+    job.plan(0, 0.01)
+    clock.advance(0.1)
+    record = job.enter_round(0, 2).record
+    assert (record.k, record.c, record.compute) == (8, 0.01, pytest.approx(0.08))
+
+
+# -- the slack: auto versus absolute, 5 ms and 5 s iterations ------------------------------------
+
+def simulate_dynamic_round(durations, *, epsilon, overhead, rounds=2):
+    """Event-driven run of `rounds` rounds; returns (k per worker, overshoot) of the last one.
+
+    Each worker asks before every iteration; between two reports it spends its iteration time
+    plus `overhead` (request and batch loading). Overshoot: when the last worker became ready
+    minus when the slowest did.
+    """
+    clock = FakeClock(0.0)
+    job = JobState(num_workers=len(durations), epsilon=epsilon, clock=clock)
+    last_c = [0.0] * len(durations)
+    for t in range(1, rounds + 1):
+        start = clock.now
+        events = [(start, rank, 0) for rank in range(len(durations))]
+        heapq.heapify(events)
+        ready_at, ks = {}, {}
+        while events:
+            when, rank, k = heapq.heappop(events)
+            clock.now = when
+            if k == 0:
+                job.enter_round(rank, t)
+            if job.apply(rank, k, last_c[rank]):
+                ready_at[rank], ks[rank] = when, k
+                continue
+            last_c[rank] = durations[rank]
+            heapq.heappush(events, (when + overhead + durations[rank], rank, k + 1))
+        clock.now = max(ready_at.values()) + 0.001
+    slowest = max(range(len(durations)), key=lambda r: durations[r])
+    return [ks[r] for r in range(len(durations))], max(ready_at.values()) - ready_at[slowest]
+
+
+@pytest.mark.parametrize("scale", [0.001, 1.0], ids=["5ms-iterations", "5s-iterations"])
+def test_auto_slack_fills_the_round_at_any_time_scale(scale):
+    durations = [5 * scale, 5 * scale, 20 * scale, 40 * scale]
+    ks, overshoot = simulate_dynamic_round(durations, epsilon=AUTO, overhead=0.001)
+    assert ks[0] == ks[1] >= 7 and ks[2] >= 2 and ks[3] == 1
+    assert overshoot <= durations[0] / 4 + 0.001
+
+
+def test_absolute_epsilon_degenerates_to_ssgd_with_5ms_iterations():
+    durations = [0.005, 0.005, 0.020, 0.040]
+    ks, _ = simulate_dynamic_round(durations, epsilon=0.5, overhead=0.001)
+    assert ks == [1, 1, 1, 1]
+
+
+def test_absolute_epsilon_still_works_with_5s_iterations():
+    durations = [5.0, 5.0, 20.0, 40.0]
+    ks, _ = simulate_dynamic_round(durations, epsilon=0.5, overhead=0.001)
+    assert ks[0] == ks[1] == 7 and ks[3] == 1
+
+
+def test_overhead_is_measured_on_the_server_clock(clock):
+    job = dynamic_job(clock)
+    job.apply(0, 0, 0.0)
+    clock.advance(0.12)
+    job.apply(0, 1, 0.1)             # 0.12 s between reports for a 0.1 s iteration
+    assert job.snapshot()["workers"][0]["overhead"] == pytest.approx(0.02)
+
+
+def test_overhead_is_clamped_at_zero(clock):
+    job = dynamic_job(clock)
+    job.apply(0, 0, 0.0)
+    clock.advance(0.09)
+    job.apply(0, 1, 0.1)             # a reported duration longer than the gap: no negative overhead
+    assert job.snapshot()["workers"][0]["overhead"] == 0.0
+
+
+def fast_worker_decision(fast_overhead, *, elapsed):
+    """Rank 0 (5 ms, given overhead) asks `elapsed` s after rank 1 (40 ms, 1 ms overhead) started."""
+    clock = FakeClock()
+    job = JobState(num_workers=2, clock=clock)
+    job.apply(0, 0, 0.0)
+    clock.advance(0.005 + fast_overhead)
+    job.apply(0, 1, 0.005)
+    job.apply(1, 0, 0.0)
+    clock.advance(0.041)
+    job.apply(1, 1, 0.040)
+    job.enter_round(0, 2)
+    job.enter_round(1, 2)
+    job.apply(1, 0, 0.040)
+    job.apply(0, 0, 0.005)
+    clock.advance(elapsed)
+    return job.apply(0, 1, 0.005)
+
+
+def test_auto_slack_lets_a_worker_with_the_same_overhead_go_on():
+    assert fast_worker_decision(0.001, elapsed=0.030) is False    # 6 ms to go, the slowest 11
+
+
+def test_auto_slack_stops_a_worker_with_a_larger_overhead_earlier():
+    assert fast_worker_decision(0.010, elapsed=0.030) is True     # 15 ms to go, the slowest 11
+
+
+# -- threads -------------------------------------------------------------------------------------
+
+def test_concurrent_reports_are_neither_lost_nor_mixed_up():
+    workers, iterations = 32, 150
+    job = JobState(num_workers=workers)
+    barrier = threading.Barrier(workers + 1)
+    errors = []
+
+    def worker(rank):
+        try:
+            barrier.wait()
+            for k in range(iterations + 1):
+                job.apply(rank, k, 0.001 * (rank + 1))
+            job.enter_round(rank, 2)
+        except Exception as exc:     # pragma: no cover - reported below
+            errors.append(exc)
+
+    def reader():
+        barrier.wait()
+        for _ in range(200):
+            job.snapshot()
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=worker, args=(r,)) for r in range(workers)]
+        threads.append(threading.Thread(target=reader))
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+    finally:
+        sys.setswitchinterval(old)
+    records = {r["rank"]: r for r in job.history_records()}
+    assert not errors and job.current_round == 2 and len(records) == workers
+    assert all(records[r]["k"] == iterations and records[r]["c"] == 0.001 * (r + 1)
+               for r in range(workers))
+    assert [w["requests"] for w in job.snapshot()["workers"]] == [iterations + 2] * workers
+
+
+class TickClock:
+    """Strictly increasing ticks; yields the GIL first, so unlocked callers would interleave."""
+
+    def __init__(self):
+        self.ticks = 0
+        self._lock = threading.Lock()
+
+    def __call__(self) -> float:
+        time.sleep(0)
+        with self._lock:
+            self.ticks += 1
+            return float(self.ticks)
+
+
+def test_concurrent_calls_for_one_worker_keep_the_latest_receive_time():
+    threads_count, calls = 8, 300
+    job = JobState(num_workers=2, clock=TickClock())
+    barrier = threading.Barrier(threads_count)
+
+    def hammer():
+        barrier.wait()
+        for _ in range(calls):
+            job.apply(0, 1, 0.01)
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=hammer) for _ in range(threads_count)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+    finally:
+        sys.setswitchinterval(old)
+    worker = job.snapshot()["workers"][0]       # `seen` of the last call is one tick before now
+    assert worker["requests"] == threads_count * calls and worker["seen_ago"] == 1.0
+
+
+def test_registry_setdefault_keeps_the_installed_job():
+    registry = JobRegistry()
+    first = registry.setdefault(JobState(num_workers=2, name="a"))
+    second = registry.setdefault(JobState(num_workers=3, name="a"))
+    assert second is first and registry.names() == ["a"]
