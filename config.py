@@ -30,4 +30,4 @@ max_rounds = 0            # --max-rounds: stop after this many rounds (0: no lim
 max_seconds = 0.0         # --max-seconds: stop after this much training time (0: no limit)
 target_accuracy = 0.0     # --target-accuracy: stop once test accuracy reaches it (0: never)
 policy = "dynamic"        # --policy: ESync state-server policy, dynamic (original) or planned
-epsilon = 0.5             # --epsilon: ESync slack; absolute seconds as in the original, see ESYNC.md
+epsilon = "auto"        # --epsilon: ESync slack: "auto" (scales with iteration time) or absolute seconds (the original: 0.5)

@@ -134,7 +134,8 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
                    default=int(config.state_server_port), help="ESync state server port")
 
 
-def add_run_args(parser: argparse.ArgumentParser) -> None:
+def add_run_args(parser: argparse.ArgumentParser, *, one_worker: bool = True) -> None:
+    """Stopping, seeds, logs and ESync options; `one_worker` adds the per-device flags."""
     g = parser.add_argument_group("stopping, reproducibility and emulation")
     g.add_argument("--max-rounds", type=_non_negative_int, default=config.max_rounds,
                    help="stop after this many rounds (0: no limit)")
@@ -144,14 +145,16 @@ def add_run_args(parser: argparse.ArgumentParser) -> None:
                    help="stop once the test accuracy reaches this (0: never)")
     g.add_argument("--seed", type=_non_negative_int, default=config.seed,
                    help="data partition, shuffling and initial weights")
-    g.add_argument("--slowdown", type=_slowdown, default=config.slowdown,
-                   help="emulate a device this many times slower (waits (F-1)x each iteration)")
     g.add_argument("--overwrite", action="store_true",
                    help="replace an earlier run's logs in the same folder")
     g.add_argument("--resume", action="store_true",
                    help="continue from the last checkpoint in the log folder")
-    g.add_argument("--device-name", default=None,
-                   help="log folder name of this device (default gpuN, or cpuRANK)")
+    if one_worker:
+        g.add_argument("--slowdown", type=_slowdown, default=config.slowdown,
+                       help="emulate a device this many times slower (waits (F-1)x each "
+                            "iteration)")
+        g.add_argument("--device-name", default=None,
+                       help="log folder name of this device (default gpuN, or cpuRANK)")
     g.add_argument("--host-name", default=socket.gethostname(),
                    help="log folder name of this host")
     e = parser.add_argument_group("ESync")
@@ -215,6 +218,10 @@ def main(argv=None) -> int:
     try:
         if role:
             dmlc_environment(role)
+        if role == "evaluator":
+            # MXNet starts a ps-lite server at import for any DMLC_ROLE other than worker; the
+            # evaluator is no ps-lite node, so the variable must be gone before MXNet loads.
+            os.environ.pop("DMLC_ROLE")
         if role in ("scheduler", "server"):
             # Importing MXNet with these roles runs ps-lite's loop and exits when the job ends.
             import mxnet  # noqa: F401

@@ -47,6 +47,7 @@ class StateClient:
         self.requests_made = 0
         self._count_lock = threading.Lock()
         self._session = requests.Session()
+        self._session.trust_env = False     # no proxy or .netrc look-ups: the server is on the LAN
         if token:
             self._session.headers["Authorization"] = f"Bearer {token}"
 

@@ -24,9 +24,9 @@ ERR_BODY_TOO_LARGE = "request body is larger than {limit} bytes"
 ERR_BODY_NOT_JSON = "body is not a JSON object: {detail}"
 ERR_BODY_UNREADABLE = "body could not be parsed: {detail}"
 ERR_MISSING = "missing field {field!r}"
-ERR_NOT_INTEGER = "field {field!r} must be an integer, got {value!r}"
-ERR_NOT_NUMBER = "field {field!r} must be a number, got {value!r}"
-ERR_NOT_TEXT = "field {field!r} must be text, got {value!r}"
+ERR_NOT_INTEGER = "field {field!r} must be an integer, got {value}"
+ERR_NOT_NUMBER = "field {field!r} must be a number, got {value}"
+ERR_NOT_TEXT = "field {field!r} must be text, got {value}"
 ERR_TOKEN_MISSING = ("this call changes state and needs the job token: send the header "
                      "'Authorization: Bearer <token>' or a field 'token'")
 ERR_TOKEN_WRONG = "wrong token"
@@ -100,7 +100,7 @@ def int_field(fields: dict, name: str, *, default: int | None = None, required: 
     if value is None:
         return default
     if isinstance(value, bool):
-        raise FieldError(ERR_NOT_INTEGER.format(field=name, value=value), name)
+        raise FieldError(ERR_NOT_INTEGER.format(field=name, value=_short(value)), name)
     if isinstance(value, float) and value.is_integer():
         return int(value)
     if isinstance(value, int):
@@ -117,7 +117,7 @@ def float_field(fields: dict, name: str, *, default: float | None = None,
     if value is None:
         return default
     if isinstance(value, bool):
-        raise FieldError(ERR_NOT_NUMBER.format(field=name, value=value), name)
+        raise FieldError(ERR_NOT_NUMBER.format(field=name, value=_short(value)), name)
     if isinstance(value, (int, float)):
         return float(value)
     if isinstance(value, str) and len(value) <= 64:

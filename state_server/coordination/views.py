@@ -8,11 +8,12 @@ iterations done this round, ``c`` duration of the last local iteration (s), ``t`
 from django.http import JsonResponse
 
 from . import selectors, services
-from .http import (ERR_NOT_FOUND, ERR_SERVER, api, epsilon_field, error_response, float_field,
-                   int_field, text_field)
+from .http import (ERR_NOT_FOUND, ERR_SERVER, FieldError, api, epsilon_field, error_response,
+                   float_field, int_field, text_field)
 from .selectors import HISTORY_DEFAULT_LIMIT, HISTORY_MAX_LIMIT
 
 DEFAULT_JOB = "default"
+ERR_RUN = "run must be an integer >= 1"
 
 
 def _ignore_worker_timestamp(fields: dict) -> None:
@@ -56,6 +57,8 @@ def state(request, fields, job=DEFAULT_JOB):
 @api("GET", changes_state=False)
 def history(request, fields, job=DEFAULT_JOB):
     run = int_field(fields, "run", required=False)
+    if run is not None and run < 1:
+        raise FieldError(ERR_RUN, "run")
     since = int_field(fields, "since", default=1, required=False)
     limit = int_field(fields, "limit", default=HISTORY_DEFAULT_LIMIT, required=False)
     limit = max(1, min(limit, HISTORY_MAX_LIMIT))

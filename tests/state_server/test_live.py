@@ -1,0 +1,101 @@
+"""A real state server (gunicorn, started by esync.state_service) on a free loopback port."""
+import threading
+import time
+
+import pytest
+
+from esync.state_client import StateClient, StateServerError
+from esync.state_service import free_port, start_state_server, stop, wait_until_up
+
+TOKEN = "live-token-19c2"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("state-live")
+    proc = start_state_server(port=free_port(), token=TOKEN, db_path=folder / "db.sqlite3",
+                              log_path=folder / "server.log")
+    try:
+        wait_until_up(proc.url, timeout=30, proc=proc)
+        yield proc
+    finally:
+        stop(proc)
+
+
+def test_client_round_trip(server):
+    client = StateClient(server.url, job="trip", token=TOKEN)
+    assert client.init(2)["round"] == 1
+    assert client.apply(0, 0, 0.0) is False
+    assert client.apply(1, 1, 0.2) is True          # the slowest, after its iteration
+    assert client.reset(1, 2) == {"round": 2}
+    assert client.state()["round"] == 2
+    assert client.history()["rounds"][0]["workers"][0]["rank"] == 1
+    assert client.requests_made == 6
+
+
+def test_planned_round_trip(server):
+    client = StateClient(server.url, job="planned", token=TOKEN)
+    client.init(2, epsilon=0.0, policy="planned")
+    client.plan(1, 0.08)
+    assert client.plan(0, 0.02) == 4
+
+
+def test_client_raises_at_once_on_a_rejected_call(server):
+    client = StateClient(server.url, job="trip", token="wrong", retry_for=30)
+    started = time.monotonic()
+    with pytest.raises(StateServerError, match="wrong token") as info:
+        client.apply(0, 1, 0.1)
+    assert info.value.status == 403 and time.monotonic() - started < 5
+
+
+def test_concurrent_clients_lose_and_mix_no_record(server):
+    workers, reports = 32, 5
+    StateClient(server.url, job="crowd", token=TOKEN).init(workers)
+    barrier = threading.Barrier(workers)
+    errors = []
+
+    def worker(rank):
+        try:
+            with StateClient(server.url, job="crowd", token=TOKEN, timeout=30) as client:
+                barrier.wait()
+                for k in range(reports + 1):
+                    client.apply(rank, k, 0.001 * (rank + 1))
+                client.reset(rank, 2)
+        except Exception as exc:    # pragma: no cover - reported by the assertion
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(rank,)) for rank in range(workers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    history = StateClient(server.url, job="crowd", token=TOKEN).history()
+    records = history["rounds"][0]["workers"]
+    assert not errors and history["current_round"] == 2
+    assert [(r["rank"], r["k"], r["c"]) for r in records] == [
+        (rank, reports, 0.001 * (rank + 1)) for rank in range(workers)]
+
+
+def test_job_survives_a_server_restart(tmp_path):
+    port = free_port()
+    paths = {"db_path": tmp_path / "db.sqlite3", "log_path": tmp_path / "server.log"}
+    proc = start_state_server(port=port, token=TOKEN, **paths)
+    wait_until_up(proc.url, timeout=30, proc=proc)
+    client = StateClient(proc.url, job="phoenix", token=TOKEN, retry_for=60)
+    client.init(2)
+    for rank in (0, 1):
+        client.reset(rank, 3)
+    stop(proc, hard=True)                           # a crash
+
+    answers = []
+    during = threading.Thread(target=lambda: answers.append(client.apply(1, 1, 0.3)))
+    during.start()                                  # called while the server is down
+    time.sleep(1.0)
+    proc = start_state_server(port=port, token=TOKEN, **paths)
+    try:
+        during.join(timeout=60)
+        state = client.state()
+    finally:
+        stop(proc)
+    assert answers == [True]
+    assert (state["round"], state["num_workers"], state["workers"][1]["c"]) == (3, 2, 0.3)
