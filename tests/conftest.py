@@ -53,3 +53,101 @@ def fashion_dir_factory(tmp_path):
     return make
 
 # end of data fixtures --------------------------------------------------------------------------
+
+
+# cluster fixtures ------------------------------------------------------------------------------
+# Real clusters (state server, ps-lite scheduler/server, evaluator, workers) on loopback, started
+# through the launcher exactly as a user would.
+import json as _json
+import os as _os
+import subprocess as _subprocess
+import sys as _sys
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_cluster(log_dir, data_dir, *args, timeout=240, check=True):
+    """Run ``python -m esync.launch`` to completion; returns the CompletedProcess."""
+    command = [_sys.executable, "-m", "esync.launch", "-ld", str(log_dir), "-dd", str(data_dir),
+               "--quiet", *map(str, args)]
+    done = _subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                           env=dict(_os.environ, PYTHONUNBUFFERED="1"))
+    if check and done.returncode != 0:
+        raise AssertionError(f"cluster failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
+                             + _process_logs(log_dir))
+    return done
+
+
+def _process_logs(log_dir):
+    out = []
+    for log in sorted(Path(log_dir).glob("*/*/processes/*.log")):
+        out.append(f"\n--- {log.name} ---\n" + "\n".join(log.read_text().splitlines()[-15:]))
+    return "".join(out)
+
+
+def device_logs(mode_dir):
+    """{device folder name: [log dicts in round order]} for every device under mode_dir."""
+    result = {}
+    for device in sorted(p for p in Path(mode_dir).glob("*/*") if p.is_dir()
+                         and p.parent.name not in ("processes", "checkpoints")):
+        files = sorted(device.glob("iter-*.txt"), key=lambda f: int(f.stem.split("-")[1]))
+        result[device.name] = [_json.loads(f.read_text()) for f in files]
+    return result
+
+
+def processes_mentioning(text):
+    """PIDs of live processes whose command line contains `text` (to prove nothing is left)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = next((ln for ln in (entry / "status").read_text().splitlines()
+                          if ln.startswith("State:")), "")
+        except OSError:
+            continue
+        if text in cmdline and "zombie" not in state:
+            pids.append(int(entry.name))
+    return pids
+
+# end of cluster fixtures -----------------------------------------------------------------------
+
+
+# foundation fixtures ---------------------------------------------------------------------------
+# Real Fashion-MNIST for the end-to-end training tests (tests/test_local_training.py).
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: takes several seconds (large input sizes); "
+                                       "still run by default, deselect with -m 'not slow'")
+
+
+@pytest.fixture(scope="session")
+def real_fashion_dir():
+    """``config.data_dir`` holding the real Fashion-MNIST set, prepared if needed (idempotent)."""
+    import config
+    from esync.prepare import prepare
+
+    prepare(config.data_dir, quiet=True)
+    return Path(config.data_dir)
+
+
+@pytest.fixture(scope="session")
+def real_fashion_subset(real_fashion_dir, tmp_path_factory):
+    """A data_dir with the first 3000 train and 1000 test images of the real Fashion-MNIST."""
+    from esync.data import FASHION_FILES, load_fashion_mnist, write_idx
+
+    data_dir = tmp_path_factory.mktemp("real-fashion-subset")
+    folder = data_dir / "fashion-mnist"
+    folder.mkdir()
+    for split, count in (("train", 3000), ("test", 1000)):
+        images, labels = load_fashion_mnist(real_fashion_dir, split)
+        image_name, label_name = FASHION_FILES[split]
+        write_idx(folder / image_name, images[:count])
+        write_idx(folder / label_name, labels[:count])
+    return data_dir
+
+# end of foundation fixtures --------------------------------------------------------------------

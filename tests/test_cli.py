@@ -1,0 +1,239 @@
+"""Tests of the command line (esync.cli): flags, defaults, and the one-line errors users see.
+
+User-facing messages are checked by running ``python main.py ...`` in a real subprocess from the
+repository root; flag parsing and defaults by calling ``esync.cli.parse_args`` directly.
+"""
+import gzip
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import mxnet as mx
+import pytest
+
+import config
+from esync import cli
+from esync.data import FASHION_FILES
+from esync.models import NETWORKS
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_main(*argv, env=None, timeout=120):
+    """Run ``python main.py ARGV`` from the repository root; DMLC_* only as given in `env`."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("DMLC_")}
+    base.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    base.update(env or {})
+    return subprocess.run([sys.executable, "main.py", *map(str, argv)], cwd=REPO, env=base,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def error_line(result, *, prefix=r"(main\.py: )?error: "):
+    """The single stderr line of a failed run; fails unless it is exactly one error line."""
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, result.stderr
+    assert re.match(prefix, lines[0]), lines[0]
+    return lines[0]
+
+
+def local_args(data_dir, log_dir, *extra):
+    return ["-m", "local", "-c", "1", "-n", "lenet", "-dd", data_dir, "-ld", log_dir,
+            "-b", "16", "-e", "100", *extra]
+
+
+# every flag of the original, short and long form ---------------------------------------------
+
+# (short, long, value given, argparse dest, parsed value, extra flags the value needs)
+ORIGINAL_FLAGS = [
+    ("-l", "--learning-rate", "0.05", "learning_rate", 0.05, []),
+    ("-ll", "--local-lr", "0.02", "local_lr", 0.02, []),
+    ("-gl", "--global-lr", "0.5", "global_lr", 0.5, []),
+    ("-b", "--batch-size", "32", "batch_size", 32, []),
+    ("-dd", "--data-dir", "/elsewhere/data", "data_dir", "/elsewhere/data", []),
+    ("-g", "--gpu", "3", "gpu", 3, []),
+    ("-c", "--cpu", "1", "cpu", 1, []),
+    ("-n", "--network", "lenet", "network", "lenet", []),
+    ("-ld", "--log-dir", "/elsewhere/logs", "log_dir", "/elsewhere/logs", []),
+    ("-e", "--eval-duration", "7", "eval_duration", 7, []),
+    ("-m", "--mode", "sync", "mode", "sync", []),
+    ("-dcasgd", "--use-dcasgd", "1", "use_dcasgd", 1, ["-m", "async"]),
+    ("-s", "--split-by-class", "1", "split_by_class", 1, []),
+    ("-ip", "--state-server-ip", "10.1.1.34", "state_server_ip", "10.1.1.34", []),
+    ("-port", "--state-server-port", "10020", "state_server_port", 10020, []),
+]
+
+
+@pytest.mark.parametrize("form", ["short", "long"])
+@pytest.mark.parametrize("short,long,text,dest,value,extra", ORIGINAL_FLAGS,
+                         ids=[f[0] for f in ORIGINAL_FLAGS])
+def test_original_flag_parses(form, short, long, text, dest, value, extra):
+    default = getattr(cli.parse_args(extra), dest)
+    assert default != value   # otherwise the test could not tell the flag was read
+    flag = short if form == "short" else long
+    assert getattr(cli.parse_args(extra + [flag, text]), dest) == value
+
+
+# (config name, argparse dest, a non-default value to put in config, what parse_args gives)
+CONFIG_DEFAULTS = [
+    ("learning_rate", "learning_rate", 0.123, 0.123),
+    ("local_lr", "local_lr", 0.0123, 0.0123),
+    ("global_lr", "global_lr", 0.75, 0.75),
+    ("batch_size", "batch_size", 17, 17),
+    ("data_dir", "data_dir", "/cfg/data", "/cfg/data"),
+    ("gpu", "gpu", 2, 2),
+    ("cpu", "cpu", 1, 1),
+    ("network", "network", "mobilenet-v2", "mobilenet-v2"),
+    ("log_dir", "log_dir", "/cfg/logs", "/cfg/logs"),
+    ("eval_duration", "eval_duration", 9, 9),
+    ("mode", "mode", "local", "local"),
+    ("split_by_class", "split_by_class", 1, 1),
+    ("state_server_ip", "state_server_ip", "10.9.9.9", "10.9.9.9"),
+    ("state_server_port", "state_server_port", "10777", 10777),
+    ("seed", "seed", 42, 42),
+    ("slowdown", "slowdown", 2.5, 2.5),
+    ("max_rounds", "max_rounds", 11, 11),
+    ("max_seconds", "max_seconds", 12.5, 12.5),
+    ("target_accuracy", "target_accuracy", 0.7, 0.7),
+    ("policy", "policy", "planned", "planned"),
+    ("epsilon", "epsilon", 0.5, 0.5),
+]
+
+
+@pytest.mark.parametrize("name", [c[0] for c in CONFIG_DEFAULTS])
+def test_defaults_are_config_values(name):
+    _, dest, _, _ = next(c for c in CONFIG_DEFAULTS if c[0] == name)
+    expected = getattr(config, name)
+    if name == "state_server_port":
+        expected = int(expected)
+    assert getattr(cli.parse_args([]), dest) == expected
+
+
+@pytest.mark.parametrize("name,dest,value,parsed", CONFIG_DEFAULTS, ids=[c[0] for c in CONFIG_DEFAULTS])
+def test_changing_config_changes_the_default(monkeypatch, name, dest, value, parsed):
+    monkeypatch.setattr(config, name, value)
+    assert getattr(cli.parse_args([]), dest) == parsed
+
+
+def test_use_dcasgd_default_is_config_value_with_async():
+    assert cli.parse_args(["-m", "async"]).use_dcasgd == config.use_dcasgd
+
+
+# bad values: one line naming the flag, exit code 2 --------------------------------------------
+
+BAD_VALUES = [
+    (["-b", "0"], "-b/--batch-size", []),
+    (["-b", "-3"], "-b/--batch-size", []),
+    (["-b", "many"], "-b/--batch-size", ["many"]),
+    (["-l", "-0.1"], "-l/--learning-rate", []),
+    (["-l", "abc"], "-l/--learning-rate", ["abc"]),
+    (["-n", "vgg99"], "-n/--network", ["vgg99", *NETWORKS]),
+    (["-m", "gossip"], "-m/--mode", ["gossip", "esync", "sync", "async", "local"]),
+    (["-c", "2"], "-c/--cpu", ["0 or 1"]),
+    (["-dcasgd", "1"], "-dcasgd", ["-m async"]),
+    (["--slowdown", "0.5"], "--slowdown", ["0.5"]),
+    (["--target-accuracy", "2"], "--target-accuracy", ["between 0 and 1"]),
+]
+
+
+@pytest.mark.parametrize("argv,flag,words", BAD_VALUES, ids=[" ".join(b[0]) for b in BAD_VALUES])
+def test_bad_value_is_one_error_line_naming_the_flag(argv, flag, words):
+    line = error_line(run_main(*argv), prefix=r"main\.py: error: ")
+    assert flag in line
+    for word in words:
+        assert word in line
+
+
+# bad data, devices and log folders in -m local --------------------------------------------
+
+
+def test_missing_data_folder_says_how_to_prepare(tmp_path):
+    line = error_line(run_main(*local_args(tmp_path / "nowhere", tmp_path / "logs")))
+    assert str(tmp_path / "nowhere" / "fashion-mnist") in line
+    assert "prepare_data.py" in line
+
+
+def test_empty_data_folder_says_how_to_prepare(tmp_path):
+    (tmp_path / "data" / "fashion-mnist").mkdir(parents=True)
+    line = error_line(run_main(*local_args(tmp_path / "data", tmp_path / "logs")))
+    assert "empty" in line and "prepare_data.py" in line
+
+
+def test_truncated_idx_file_is_named(fashion_data_dir, tmp_path):
+    path = fashion_data_dir / "fashion-mnist" / FASHION_FILES["train"][0]
+    raw = gzip.decompress(path.read_bytes())
+    path.write_bytes(gzip.compress(raw[:len(raw) // 2]))   # valid gzip, IDX payload cut short
+    line = error_line(run_main(*local_args(fashion_data_dir, tmp_path / "logs")))
+    assert str(path) in line and "truncated" in line
+
+
+def test_truncated_gzip_file_is_named(fashion_data_dir, tmp_path):
+    path = fashion_data_dir / "fashion-mnist" / FASHION_FILES["train"][1]
+    raw = path.read_bytes()
+    path.write_bytes(raw[:len(raw) // 2])
+    line = error_line(run_main(*local_args(fashion_data_dir, tmp_path / "logs")))
+    assert str(path) in line and "truncated" in line
+
+
+def test_gpu_asked_for_on_a_machine_without_it(fashion_data_dir, tmp_path):
+    gpu = mx.context.num_gpus()   # one past the last GPU: 0 on this CPU-only machine
+    argv = local_args(fashion_data_dir, tmp_path / "logs")
+    argv[argv.index("-c") + 1] = "0"
+    line = error_line(run_main(*argv, "-g", gpu))
+    assert f"GPU {gpu}" in line and "-c 1" in line
+
+
+def test_unwritable_log_folder_is_named(fashion_data_dir, tmp_path):
+    blocker = tmp_path / "regular_file"
+    blocker.write_text("not a folder")   # tests run as root: chmod would not stop writes
+    line = error_line(run_main(*local_args(fashion_data_dir, blocker / "sub")))
+    assert str(blocker / "sub") in line and "not writable" in line
+
+
+def test_earlier_logs_are_refused_without_overwrite(fashion_data_dir, tmp_path):
+    argv = local_args(fashion_data_dir, tmp_path / "logs", "--max-rounds", "3")
+    assert run_main(*argv).returncode == 0
+    line = error_line(run_main(*argv))
+    assert "--overwrite" in line
+
+
+def test_overwrite_replaces_earlier_logs(fashion_data_dir, tmp_path):
+    argv = local_args(fashion_data_dir, tmp_path / "logs")
+    assert run_main(*argv, "--max-rounds", "3").returncode == 0
+    result = run_main(*argv, "--max-rounds", "2", "--overwrite")
+    assert result.returncode == 0, result.stderr
+    logs = sorted(p.name for p in (tmp_path / "logs").rglob("iter-*.txt"))
+    assert logs == ["iter-1.txt", "iter-2.txt"]
+
+
+# the parameter-server roles -----------------------------------------------------------------
+
+DMLC_OK = {"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": "9091",
+           "DMLC_NUM_SERVER": "1", "DMLC_NUM_WORKER": "1"}
+
+
+def test_sync_without_dmlc_role_points_at_esync_cluster():
+    line = error_line(run_main("-m", "sync", "-n", "lenet"), prefix=r"main\.py: error: ")
+    assert "esync-cluster" in line and "DMLC_ROLE" in line
+
+
+def test_worker_without_root_port_names_the_variable():
+    env = dict(DMLC_OK, DMLC_ROLE="worker")
+    del env["DMLC_PS_ROOT_PORT"]
+    line = error_line(run_main("-m", "sync", env=env), prefix=r"main\.py: error: ")
+    assert "DMLC_PS_ROOT_PORT" in line and "not set" in line
+
+
+def test_worker_with_non_numeric_root_port_names_the_variable():
+    env = dict(DMLC_OK, DMLC_ROLE="worker", DMLC_PS_ROOT_PORT="abc")
+    line = error_line(run_main("-m", "sync", env=env), prefix=r"main\.py: error: ")
+    assert "DMLC_PS_ROOT_PORT" in line and "abc" in line
+
+
+def test_unknown_dmlc_role_is_refused():
+    line = error_line(run_main("-m", "sync", env=dict(DMLC_OK, DMLC_ROLE="bogus")),
+                      prefix=r"main\.py: error: ")
+    assert "bogus" in line and "scheduler" in line and "worker" in line
