@@ -115,9 +115,31 @@ def processes_mentioning(text):
 
 
 # foundation fixtures ---------------------------------------------------------------------------
-# Real Fashion-MNIST for the end-to-end training tests (tests/test_local_training.py).
+# `python main.py` in a subprocess, and real Fashion-MNIST for the end-to-end training tests.
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_main_py(*argv, env=None, timeout=600):
+    """Run ``python main.py ARGV`` from the repository root with one OpenMP thread.
+
+    DMLC_* variables of the caller are dropped; `env` adds variables (DMLC_ROLE=... etc.).
+    """
+    import os
+    import subprocess
+    import sys
+
+    full = {k: v for k, v in os.environ.items() if not k.startswith("DMLC_")}
+    full.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    full.update(env or {})
+    return subprocess.run([sys.executable, "main.py", *map(str, argv)], cwd=REPO_ROOT, env=full,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def main_py():
+    """``main_py(*argv, env=None, timeout=600) -> subprocess.CompletedProcess`` (text output)."""
+    return run_main_py
 
 
 def pytest_configure(config):

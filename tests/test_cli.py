@@ -4,11 +4,7 @@ User-facing messages are checked by running ``python main.py ...`` in a real sub
 repository root; flag parsing and defaults by calling ``esync.cli.parse_args`` directly.
 """
 import gzip
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import mxnet as mx
 import pytest
@@ -17,17 +13,6 @@ import config
 from esync import cli
 from esync.data import FASHION_FILES
 from esync.models import NETWORKS
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def run_main(*argv, env=None, timeout=120):
-    """Run ``python main.py ARGV`` from the repository root; DMLC_* only as given in `env`."""
-    base = {k: v for k, v in os.environ.items() if not k.startswith("DMLC_")}
-    base.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    base.update(env or {})
-    return subprocess.run([sys.executable, "main.py", *map(str, argv)], cwd=REPO, env=base,
-                          capture_output=True, text=True, timeout=timeout)
 
 
 def error_line(result, *, prefix=r"(main\.py: )?error: "):
@@ -140,8 +125,8 @@ BAD_VALUES = [
 
 
 @pytest.mark.parametrize("argv,flag,words", BAD_VALUES, ids=[" ".join(b[0]) for b in BAD_VALUES])
-def test_bad_value_is_one_error_line_naming_the_flag(argv, flag, words):
-    line = error_line(run_main(*argv), prefix=r"main\.py: error: ")
+def test_bad_value_is_one_error_line_naming_the_flag(main_py, argv, flag, words):
+    line = error_line(main_py(*argv), prefix=r"main\.py: error: ")
     assert flag in line
     for word in words:
         assert word in line
@@ -150,60 +135,60 @@ def test_bad_value_is_one_error_line_naming_the_flag(argv, flag, words):
 # bad data, devices and log folders in -m local --------------------------------------------
 
 
-def test_missing_data_folder_says_how_to_prepare(tmp_path):
-    line = error_line(run_main(*local_args(tmp_path / "nowhere", tmp_path / "logs")))
+def test_missing_data_folder_says_how_to_prepare(main_py, tmp_path):
+    line = error_line(main_py(*local_args(tmp_path / "nowhere", tmp_path / "logs")))
     assert str(tmp_path / "nowhere" / "fashion-mnist") in line
     assert "prepare_data.py" in line
 
 
-def test_empty_data_folder_says_how_to_prepare(tmp_path):
+def test_empty_data_folder_says_how_to_prepare(main_py, tmp_path):
     (tmp_path / "data" / "fashion-mnist").mkdir(parents=True)
-    line = error_line(run_main(*local_args(tmp_path / "data", tmp_path / "logs")))
+    line = error_line(main_py(*local_args(tmp_path / "data", tmp_path / "logs")))
     assert "empty" in line and "prepare_data.py" in line
 
 
-def test_truncated_idx_file_is_named(fashion_data_dir, tmp_path):
+def test_truncated_idx_file_is_named(main_py, fashion_data_dir, tmp_path):
     path = fashion_data_dir / "fashion-mnist" / FASHION_FILES["train"][0]
     raw = gzip.decompress(path.read_bytes())
     path.write_bytes(gzip.compress(raw[:len(raw) // 2]))   # valid gzip, IDX payload cut short
-    line = error_line(run_main(*local_args(fashion_data_dir, tmp_path / "logs")))
+    line = error_line(main_py(*local_args(fashion_data_dir, tmp_path / "logs")))
     assert str(path) in line and "truncated" in line
 
 
-def test_truncated_gzip_file_is_named(fashion_data_dir, tmp_path):
+def test_truncated_gzip_file_is_named(main_py, fashion_data_dir, tmp_path):
     path = fashion_data_dir / "fashion-mnist" / FASHION_FILES["train"][1]
     raw = path.read_bytes()
     path.write_bytes(raw[:len(raw) // 2])
-    line = error_line(run_main(*local_args(fashion_data_dir, tmp_path / "logs")))
+    line = error_line(main_py(*local_args(fashion_data_dir, tmp_path / "logs")))
     assert str(path) in line and "truncated" in line
 
 
-def test_gpu_asked_for_on_a_machine_without_it(fashion_data_dir, tmp_path):
+def test_gpu_asked_for_on_a_machine_without_it(main_py, fashion_data_dir, tmp_path):
     gpu = mx.context.num_gpus()   # one past the last GPU: 0 on this CPU-only machine
     argv = local_args(fashion_data_dir, tmp_path / "logs")
     argv[argv.index("-c") + 1] = "0"
-    line = error_line(run_main(*argv, "-g", gpu))
+    line = error_line(main_py(*argv, "-g", gpu))
     assert f"GPU {gpu}" in line and "-c 1" in line
 
 
-def test_unwritable_log_folder_is_named(fashion_data_dir, tmp_path):
+def test_unwritable_log_folder_is_named(main_py, fashion_data_dir, tmp_path):
     blocker = tmp_path / "regular_file"
     blocker.write_text("not a folder")   # tests run as root: chmod would not stop writes
-    line = error_line(run_main(*local_args(fashion_data_dir, blocker / "sub")))
+    line = error_line(main_py(*local_args(fashion_data_dir, blocker / "sub")))
     assert str(blocker / "sub") in line and "not writable" in line
 
 
-def test_earlier_logs_are_refused_without_overwrite(fashion_data_dir, tmp_path):
+def test_earlier_logs_are_refused_without_overwrite(main_py, fashion_data_dir, tmp_path):
     argv = local_args(fashion_data_dir, tmp_path / "logs", "--max-rounds", "3")
-    assert run_main(*argv).returncode == 0
-    line = error_line(run_main(*argv))
+    assert main_py(*argv).returncode == 0
+    line = error_line(main_py(*argv))
     assert "--overwrite" in line
 
 
-def test_overwrite_replaces_earlier_logs(fashion_data_dir, tmp_path):
+def test_overwrite_replaces_earlier_logs(main_py, fashion_data_dir, tmp_path):
     argv = local_args(fashion_data_dir, tmp_path / "logs")
-    assert run_main(*argv, "--max-rounds", "3").returncode == 0
-    result = run_main(*argv, "--max-rounds", "2", "--overwrite")
+    assert main_py(*argv, "--max-rounds", "3").returncode == 0
+    result = main_py(*argv, "--max-rounds", "2", "--overwrite")
     assert result.returncode == 0, result.stderr
     logs = sorted(p.name for p in (tmp_path / "logs").rglob("iter-*.txt"))
     assert logs == ["iter-1.txt", "iter-2.txt"]
@@ -215,25 +200,25 @@ DMLC_OK = {"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": "9091",
            "DMLC_NUM_SERVER": "1", "DMLC_NUM_WORKER": "1"}
 
 
-def test_sync_without_dmlc_role_points_at_esync_cluster():
-    line = error_line(run_main("-m", "sync", "-n", "lenet"), prefix=r"main\.py: error: ")
+def test_sync_without_dmlc_role_points_at_esync_cluster(main_py):
+    line = error_line(main_py("-m", "sync", "-n", "lenet"), prefix=r"main\.py: error: ")
     assert "esync-cluster" in line and "DMLC_ROLE" in line
 
 
-def test_worker_without_root_port_names_the_variable():
+def test_worker_without_root_port_names_the_variable(main_py):
     env = dict(DMLC_OK, DMLC_ROLE="worker")
     del env["DMLC_PS_ROOT_PORT"]
-    line = error_line(run_main("-m", "sync", env=env), prefix=r"main\.py: error: ")
+    line = error_line(main_py("-m", "sync", env=env), prefix=r"main\.py: error: ")
     assert "DMLC_PS_ROOT_PORT" in line and "not set" in line
 
 
-def test_worker_with_non_numeric_root_port_names_the_variable():
+def test_worker_with_non_numeric_root_port_names_the_variable(main_py):
     env = dict(DMLC_OK, DMLC_ROLE="worker", DMLC_PS_ROOT_PORT="abc")
-    line = error_line(run_main("-m", "sync", env=env), prefix=r"main\.py: error: ")
+    line = error_line(main_py("-m", "sync", env=env), prefix=r"main\.py: error: ")
     assert "DMLC_PS_ROOT_PORT" in line and "abc" in line
 
 
-def test_unknown_dmlc_role_is_refused():
-    line = error_line(run_main("-m", "sync", env=dict(DMLC_OK, DMLC_ROLE="bogus")),
+def test_unknown_dmlc_role_is_refused(main_py):
+    line = error_line(main_py("-m", "sync", env=dict(DMLC_OK, DMLC_ROLE="bogus")),
                       prefix=r"main\.py: error: ")
     assert "bogus" in line and "scheduler" in line and "worker" in line

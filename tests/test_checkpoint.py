@@ -1,0 +1,181 @@
+"""Tests of esync.checkpoint: round trips, validation, and atomic writes under SIGKILL."""
+import json
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from esync.checkpoint import CheckpointError, CheckpointStore
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _arrays(value=1.0):
+    return {"features.0.weight": np.full((4, 1, 3, 3), value, np.float32),
+            "features.0.bias": np.arange(4, dtype=np.float32) + value,
+            "output.weight": np.full((10, 4), -value, np.float32)}
+
+
+def _shapes():
+    return {name: a.shape for name, a in _arrays().items()}
+
+
+def _save(store, round_no, value=1.0, network="lenet"):
+    return store.save(round_no, _arrays(value), {"network": network, "total_time": 1.5,
+                                                 "samples": 640})
+
+
+def test_round_trip_gives_back_arrays_and_meta(tmp_path):
+    store = CheckpointStore(tmp_path)
+    path = _save(store, 12, value=2.5)
+    assert path == tmp_path / "round-00000012.npz"
+    meta, arrays = store.load(path, network="lenet", shapes=_shapes())
+    assert meta["round"] == 12 and meta["network"] == "lenet" and meta["samples"] == 640
+    assert list(arrays) == list(_arrays())
+    for name, expected in _arrays(2.5).items():
+        assert arrays[name].dtype == expected.dtype
+        assert np.array_equal(arrays[name], expected)
+
+
+def test_foreign_network_is_refused(tmp_path):
+    store = CheckpointStore(tmp_path)
+    path = _save(store, 1, network="resnet18-v1")
+    with pytest.raises(CheckpointError, match="resnet18-v1"):
+        store.load(path, network="lenet")
+
+
+def test_shape_mismatch_is_refused(tmp_path):
+    store = CheckpointStore(tmp_path)
+    path = _save(store, 1)
+    shapes = dict(_shapes(), **{"output.weight": (10, 8)})
+    with pytest.raises(CheckpointError, match="output.weight"):
+        store.load(path, network="lenet", shapes=shapes)
+
+
+def test_missing_parameter_is_refused(tmp_path):
+    store = CheckpointStore(tmp_path)
+    path = _save(store, 1)
+    shapes = dict(_shapes(), **{"extra.bias": (3,)})
+    with pytest.raises(CheckpointError, match="extra.bias"):
+        store.load(path, network="lenet", shapes=shapes)
+
+
+def _truncated(data):
+    return data[:len(data) // 2]
+
+
+def _flipped(data):
+    middle = len(data) // 2
+    return data[:middle] + bytes([data[middle] ^ 0xFF]) + data[middle + 1:]
+
+
+@pytest.mark.parametrize("damage", [
+    _truncated,
+    lambda data: data[:10],
+    lambda data: b"",
+    lambda data: bytes(random.Random(0).getrandbits(8) for _ in range(4096)),
+    _flipped,
+], ids=["truncated-half", "truncated-header", "empty", "garbage", "byte-flipped"])
+def test_damaged_file_is_reported_as_corrupt(tmp_path, damage):
+    store = CheckpointStore(tmp_path)
+    path = _save(store, 1)
+    path.write_bytes(damage(path.read_bytes()))
+    with pytest.raises(CheckpointError, match="corrupt"):
+        store.load(path)
+
+
+def test_non_checkpoint_npz_is_refused(tmp_path):
+    path = tmp_path / "round-00000001.npz"
+    np.savez(path, __meta__=np.frombuffer(json.dumps({"format": "other"}).encode(), np.uint8))
+    with pytest.raises(CheckpointError, match="not an esync checkpoint"):
+        CheckpointStore(tmp_path).load(path)
+
+
+def test_latest_returns_the_newest_round(tmp_path):
+    store = CheckpointStore(tmp_path)
+    for round_no in (2, 10, 9):
+        _save(store, round_no, value=round_no)
+    path, meta, arrays = store.latest()
+    assert path.name == "round-00000010.npz" and meta["round"] == 10
+    assert arrays["output.weight"][0, 0] == -10
+
+
+def test_latest_of_an_empty_folder_is_none(tmp_path):
+    assert CheckpointStore(tmp_path / "none").latest() is None
+
+
+def test_list_ignores_temporary_files(tmp_path):
+    store = CheckpointStore(tmp_path)
+    _save(store, 1)
+    (tmp_path / "round-00000002.npz.tmp").write_bytes(b"half written")
+    assert store.list() == [tmp_path / "round-00000001.npz"]
+    assert store.latest()[1]["round"] == 1
+
+
+def test_done_marker_round_trip(tmp_path):
+    store = CheckpointStore(tmp_path)
+    assert not store.is_done()
+    store.mark_done({"round": 3})
+    assert store.is_done()
+    store.clear_done()
+    assert not store.is_done()
+
+
+# atomicity under SIGKILL ----------------------------------------------------------------------
+
+# The child saves 16 MB checkpoints in a loop, cycling over rounds 1-3 so that files are also
+# replaced; every array is filled with a stamp that is also in the metadata, so a reader can tell
+# a whole checkpoint from a mix of two. Writing the file is about a quarter of each save here, so
+# a non-atomic save survives 16 random kills with a chance of about 0.75**16 = 1%.
+SAVER = r"""
+import sys
+import numpy as np
+from esync.checkpoint import CheckpointStore
+
+store = CheckpointStore(sys.argv[1])
+cycle = int(sys.argv[2])
+for i in range(10**6):
+    stamp = cycle * 10**6 + i
+    arrays = {"big": np.full(4_000_000, stamp % 65536, np.float32),
+              "small": np.full((7, 3), stamp, np.float64)}
+    print("saving", i, flush=True)
+    store.save(1 + i % 3, arrays, {"network": "big", "total_time": 0.0,
+                                           "stamp": stamp})
+"""
+
+KILLS = 16
+
+
+def _check_whole(store, path):
+    meta, arrays = store.load(path, network="big",
+                              shapes={"big": (4_000_000,), "small": (7, 3)})
+    assert path.name == f"round-{meta['round']:08d}.npz"
+    assert np.all(arrays["big"] == meta["stamp"] % 65536)
+    assert np.all(arrays["small"] == meta["stamp"])
+
+
+def test_checkpoints_survive_sigkill_whole_or_not_at_all(tmp_path):
+    folder = tmp_path / "checkpoints"
+    store = CheckpointStore(folder)
+    rng = random.Random(20240601)
+    killed_mid_run = 0
+    for cycle in range(KILLS):
+        child = subprocess.Popen([sys.executable, "-c", SAVER, str(folder), str(cycle)],
+                                 cwd=REPO, stdout=subprocess.PIPE, text=True)
+        try:
+            assert child.stdout.readline().startswith("saving"), "the saver did not start"
+            time.sleep(rng.uniform(0.02, 0.4))   # a few saves in, then at a random moment
+            killed_mid_run += child.poll() is None
+            child.send_signal(signal.SIGKILL)
+        finally:
+            child.kill()
+            child.wait()
+        for path in store.list():
+            _check_whole(store, path)
+    assert killed_mid_run == KILLS      # the saver was killed while it was saving, every time
+    assert len(store.list()) >= 3       # there was something to check
