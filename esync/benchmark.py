@@ -324,7 +324,7 @@ class Progress:
             sized = size.columns > 0 and size.lines > 0
             self.bar = tqdm(total=total, unit="run", file=self.stream, dynamic_ncols=sized,
                             ncols=None if sized else 100, nrows=None if sized else 24,
-                            bar_format="{desc} |{bar}| {n_fmt}/{total_fmt} runs {postfix}")
+                            bar_format="{desc} |{bar}| {n_fmt}/{total_fmt} runs{postfix}")
 
     def _line(self, text: str) -> None:
         if self.bar is not None:
@@ -804,7 +804,8 @@ def main(argv=None) -> int:
     jobs = plan(args, out)
     started, t0 = datetime.now(), time.monotonic()
     progress = Progress(len(jobs))
-    progress.note(f"{len(jobs)} runs of {args.budget:g} s training each; report in {out}")
+    progress.note(f"{len(jobs)} run{'s' if len(jobs) > 1 else ''} of {args.budget:g} s "
+                  f"training each; report in {out}")
     previous = signal.signal(signal.SIGTERM, _sigterm)
     try:
         for job in jobs:
