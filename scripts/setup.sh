@@ -22,7 +22,11 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
 fi
 echo "setup: creating .venv with $("$PY" --version) and the pinned dependencies (first run takes a few minutes)"
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q -e ".[test]"
+log=.venv/setup.log
+if ! { .venv/bin/python -m pip install --upgrade pip && .venv/bin/python -m pip install -e ".[test]"; } >"$log" 2>&1; then
+  tail -n 30 "$log" >&2
+  echo "setup: installing the dependencies failed; the full log is $log" >&2
+  exit 1
+fi
 echo "$want" > "$stamp"
 echo "setup: done"
