@@ -29,59 +29,32 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see {self.prog} --help)")
 
 
-def _positive_int(text):
-    value = _typed(int, text, "an integer")
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
+def _bounded(kind, *, low, strict=False, high=None, must):
+    """An argparse type: a number of `kind` within bounds, else 'must be <must>, got <text>'."""
+    what = "an integer" if kind is int else "a number"
+
+    def parse(text):
+        value = _typed(kind, text, what)
+        above = value > low if strict else value >= low
+        if not (above and (high is None or value <= high)):
+            raise argparse.ArgumentTypeError(f"must be {must}, got {text}")
+        return value
+    return parse
 
 
-def _non_negative_int(text):
-    value = _typed(int, text, "an integer")
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
-
-
-def _positive_float(text):
-    value = _typed(float, text, "a number")
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return value
-
-
-def _non_negative_float(text):
-    value = _typed(float, text, "a number")
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
+_positive_int = _bounded(int, low=0, strict=True, must="a positive integer")
+_non_negative_int = _bounded(int, low=0, must=">= 0")
+_positive_float = _bounded(float, low=0, strict=True, must="a positive number")
+_non_negative_float = _bounded(float, low=0, must=">= 0")
+_slowdown = _bounded(float, low=1, must=">= 1 (a device F times slower)")
+_accuracy = _bounded(float, low=0, high=1, must="between 0 and 1")
+_port = _bounded(int, low=1, high=65535, must="a port number 1-65535")
 
 
 def _flag01(text):
     if text not in ("0", "1"):
         raise argparse.ArgumentTypeError(f"must be 0 or 1, got {text}")
     return int(text)
-
-
-def _slowdown(text):
-    value = _typed(float, text, "a number")
-    if not value >= 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1 (a device F times slower), got {text}")
-    return value
-
-
-def _accuracy(text):
-    value = _typed(float, text, "a number")
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
-    return value
-
-
-def _port(text):
-    value = _typed(int, text, "a port number")
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a port number 1-65535, got {text}")
-    return value
 
 
 def _epsilon(text):
