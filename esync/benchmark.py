@@ -28,6 +28,7 @@ import math
 import os
 import platform
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -70,6 +71,16 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text}")
     return value
 
 
@@ -146,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="learning rate of ESync's local iterations")
     c.add_argument("-dd", "--data-dir", default=config.data_dir,
                    help="folder holding fashion-mnist/")
-    c.add_argument("--seed", type=int, default=config.seed,
+    c.add_argument("--seed", type=_non_negative_int, default=config.seed,
                    help="data partition, shuffling and initial weights")
     r = parser.add_argument_group("what to run")
     r.add_argument("--budget", type=_positive_float, default=90.0,
@@ -171,7 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--out", default=None,
                    help="report folder (default: reports/benchmark-<timestamp>/)")
     o.add_argument("--overwrite", action="store_true",
-                   help="reuse a non-empty --out folder, replacing the runs it holds")
+                   help="reuse a non-empty --out folder: each run's mode folder is deleted "
+                        "before the run, the report files are replaced")
     return parser
 
 
@@ -205,8 +217,8 @@ def parse_args(argv) -> argparse.Namespace:
 def canonical_command(args) -> str:
     """The command with every option spelled out: reruns the same benchmark."""
     argv = [PROG, "--workers", str(args.workers), "--slowdown", args.slowdown,
-            "-n", args.network, "-b", str(args.batch_size), "-l", f"{args.learning_rate:g}",
-            "-ll", f"{args.local_lr:g}", "--seed", str(args.seed), "--budget", f"{args.budget:g}",
+            "-n", args.network, "-b", str(args.batch_size), "-l", repr(args.learning_rate),
+            "-ll", repr(args.local_lr), "--seed", str(args.seed), "--budget", f"{args.budget:g}",
             "--modes", ",".join(args.mode_list), "--repeats", str(args.repeats),
             "--policy", args.policy, "--target", f"{args.target:g}",
             "--local-eval-every", str(args.local_eval_every), "--out", str(args.out)]
@@ -278,8 +290,6 @@ def job_argv(args, mode: str, niid: bool, policy: str | None, root: Path) -> lis
     common = ["-n", args.network, "-b", str(args.batch_size), "-l", f"{args.learning_rate!r}",
               "--max-seconds", f"{args.budget!r}", "-ld", str(root), "--seed", str(args.seed),
               "-dd", str(args.data_dir)]
-    if args.overwrite:
-        common.append("--overwrite")
     if mode == "local":
         return [sys.executable, str(MAIN), "-m", "local", "-c", "1", *common,
                 "-e", str(args.local_eval_every)]
@@ -394,6 +404,10 @@ def tail(path: Path, lines: int = TAIL_LINES) -> str:
 def run_job(job: Job, progress: Progress, timeout: float) -> None:
     """Run one mode to its end (or timeout); sets returncode, seconds and error."""
     job.log.parent.mkdir(parents=True, exist_ok=True)
+    if job.folder.exists():
+        # Only with --overwrite (checked in parse_args): replace this run entirely, so that no
+        # earlier record (e.g. an evaluations.jsonl line) can mix into the new one.
+        shutil.rmtree(job.folder)
     start = time.monotonic()
     with open(job.log, "wb") as out:
         out.write(f"$ {shlex.join(job.argv)}\n".encode())
@@ -428,6 +442,8 @@ def summarise(job: Job) -> None:
         job.summary = load_summary(write_summary(job.folder))
     except (LogError, OSError) as exc:
         job.error = f"no summary: {exc}"
+    except Exception as exc:      # a bug in the analysis must not cost the other modes' report
+        job.error = f"no summary: {type(exc).__name__}: {exc}"
 
 
 # ----------------------------------------------------------------------------- the numbers
@@ -499,15 +515,22 @@ def analyse(args, jobs: list[Job], out: Path, progress: Progress) -> dict:
                       if name in run else None for i, run in enumerate(runs)]
                for name in names}
 
-    written = []
-    rows = []
+    written, rows, problems = [], [], []
     if any(runs):
         from esync.analysis.table import speedup_table, write_table
-        rows = speedup_table(runs, target=args.target)
-        written += write_table(rows, out, network=args.network, target=args.target)
-        written += draw(args, runs, out / FIGURES_DIR, progress)
+        try:
+            rows = speedup_table(runs, target=args.target)
+            written += write_table(rows, out, network=args.network, target=args.target)
+        except Exception as exc:
+            problems.append(f"speedup table: {type(exc).__name__}: {exc}")
+        try:
+            written += draw(args, runs, out / FIGURES_DIR, progress)
+        except Exception as exc:
+            problems.append(f"figures: {type(exc).__name__}: {exc}")
+    for problem in problems:
+        progress.note(f"FAILED: {problem}")
     return {"runs": runs, "names": names, "limits": limits, "per_rep": per_rep,
-            "table": rows, "written": written}
+            "table": rows, "written": written, "problems": problems}
 
 
 def draw(args, runs: list[dict], folder: Path, progress: Progress) -> list[Path]:
@@ -661,14 +684,16 @@ def render_report(args, jobs: list[Job], result: dict, *, command: str, started:
           "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for name in names:
         metrics = [m for m in per_rep[name] if m is not None]
-        row = table.get(name)
-        if row is None:
+        if not metrics:
             L.append(f"| {_row_label(name)} | failed | | | | | | | |")
             continue
-        time_cell = ("not reached" if row["time_to_target_s"] is None and not row["runs_reached"]
-                     else f"not reached in {row['runs'] - row['runs_reached']}/{row['runs']} runs"
-                     if row["time_to_target_s"] is None else f"{row['time_to_target_s']:.1f}")
-        speedup = "n/a" if row["speedup"] is None else f"{row['speedup']:.2f}×"
+        row = table.get(name)
+        if row is None:               # the table could not be made (see Failures)
+            time_cell = speedup = "n/a"
+            row = {"standalone_accuracy_mean": None}
+        else:
+            time_cell = _time_cell(row)
+            speedup = "n/a" if row["speedup"] is None else f"{row['speedup']:.2f}×"
         frac = _cell([m["throughput_fraction"] for m in metrics], ".2f")
         if name == "local":
             frac += " (one device: the reference)"
@@ -686,10 +711,52 @@ def render_report(args, jobs: list[Job], result: dict, *, command: str, started:
           "State-server requests: HTTP calls per worker and round (ESync only).", ""]
 
     devices = sorted({d for name in names for m in per_rep[name] if m for d in m["devices"]})
-    L += ["### Computing-time ratio per device", "",
-          "Time computing (emulated slow-down included) / wall time.", "",
-          "| Mode | " + " | ".join(_device_header(d, per_rep) for d in devices) + " | Mean |",
-          "| --- |" + " ---: |" * (len(devices) + 1)]
+    if devices:
+        L += _device_tables(names, per_rep, devices)
+
+    figures = [p for p in result["written"] if p.suffix == ".png"]
+    L += ["## Figures", ""]
+    if figures:
+        every = " (the table uses every repeat)" if args.repeats > 1 else ""
+        L += [f"Drawn from the first repeat{every}; SVG versions beside the PNGs.", ""]
+        for path in figures:
+            rel = path.relative_to(out).as_posix()
+            L += [f"### {path.stem}", "", f"![{path.stem}]({rel})", ""]
+    else:
+        L += ["No figures (no mode produced a summary).", ""]
+    tables = [p for p in result["written"] if p.suffix in (".md", ".csv")]
+    if tables:
+        L += ["Speedup table as written by `esync.analysis.table`: "
+              + ", ".join(f"[{p.name}]({p.relative_to(out).as_posix()})" for p in tables), ""]
+
+    failed = [j for j in jobs if not j.ok]
+    if failed or result["problems"]:
+        L += ["## Failures", ""]
+        L += [f"- {problem}" for problem in result["problems"]]
+        L += [""] if result["problems"] else []
+        for job in failed:
+            L += [f"### rep {job.rep} `{job.name}`: {job.error}", "",
+                  f"Output: [{job.log.relative_to(out).as_posix()}]"
+                  f"({job.log.relative_to(out).as_posix()})", "", "```", tail(job.log), "```", ""]
+
+    L += ["## Runs", "", "| Repeat | Mode | Result | Seconds | Mode folder | Output |",
+          "| ---: | --- | --- | ---: | --- | --- |"]
+    for job in jobs:
+        status = "ok" if job.ok else f"failed: {job.error}"
+        L.append(f"| {job.rep} | `{job.name}` | {status} | {job.seconds:.0f} | "
+                 f"`{job.folder.relative_to(out).as_posix()}` | "
+                 f"[log]({job.log.relative_to(out).as_posix()}) |")
+    L += ["", "Commands (from the repository root):", "", "```"]
+    L += [shlex.join(_display_argv(job.argv)) for job in jobs if job.rep == 1]
+    L += ["```", ""]
+    return "\n".join(L)
+
+
+def _device_tables(names: list[str], per_rep: dict, devices: list[str]) -> list[str]:
+    L = ["### Computing-time ratio per device", "",
+         "Time computing (emulated slow-down included) / wall time.", "",
+         "| Mode | " + " | ".join(_device_header(d, per_rep) for d in devices) + " | Mean |",
+         "| --- |" + " ---: |" * (len(devices) + 1)]
     for name in names:
         metrics = [m for m in per_rep[name] if m is not None]
         if not metrics:
@@ -711,41 +778,15 @@ def render_report(args, jobs: list[Job], result: dict, *, command: str, started:
         L.append(f"| {_row_label(name)} | "
                  + " | ".join("—" if c == "n/a" else c for c in cells) + " |")
     L.append("")
+    return L
 
-    figures = [p for p in result["written"] if p.suffix == ".png"]
-    L += ["## Figures", ""]
-    if figures:
-        L += ["Drawn from repeat 1" + (" (the table uses every repeat)" if args.repeats > 1
-                                        else "") + "; SVG versions beside the PNGs.", ""]
-        for path in figures:
-            rel = path.relative_to(out).as_posix()
-            L += [f"### {path.stem}", "", f"![{path.stem}]({rel})", ""]
-    else:
-        L += ["No figures (no mode produced a summary).", ""]
-    tables = [p for p in result["written"] if p.suffix in (".md", ".csv")]
-    if tables:
-        L += ["Speedup table as written by `esync.analysis.table`: "
-              + ", ".join(f"[{p.name}]({p.relative_to(out).as_posix()})" for p in tables), ""]
 
-    failed = [j for j in jobs if not j.ok]
-    if failed:
-        L += ["## Failures", ""]
-        for job in failed:
-            L += [f"### rep {job.rep} `{job.name}`: {job.error}", "",
-                  f"Output: [{job.log.relative_to(out).as_posix()}]"
-                  f"({job.log.relative_to(out).as_posix()})", "", "```", tail(job.log), "```", ""]
-
-    L += ["## Runs", "", "| Repeat | Mode | Result | Seconds | Mode folder | Output |",
-          "| ---: | --- | --- | ---: | --- | --- |"]
-    for job in jobs:
-        status = "ok" if job.ok else f"failed: {job.error}"
-        L.append(f"| {job.rep} | `{job.name}` | {status} | {job.seconds:.0f} | "
-                 f"`{job.folder.relative_to(out).as_posix()}` | "
-                 f"[log]({job.log.relative_to(out).as_posix()}) |")
-    L += ["", "Commands (from the repository root):", "", "```"]
-    L += [shlex.join(_display_argv(job.argv)) for job in jobs if job.rep == 1]
-    L += ["```", ""]
-    return "\n".join(L)
+def _time_cell(row: dict) -> str:
+    if row["time_to_target_s"] is not None:
+        return f"{row['time_to_target_s']:.1f}"
+    if row["runs_reached"]:
+        return f"not reached in {row['runs'] - row['runs_reached']}/{row['runs']} runs"
+    return "not reached"
 
 
 def _device_header(device: str, per_rep: dict) -> str:
@@ -779,7 +820,7 @@ def write_outputs(args, jobs: list[Job], result: dict, *, command: str, started:
                    "seed": args.seed, "local_eval_every": args.local_eval_every},
         "physical_limit": result["limits"],
         "modes": {name: result["per_rep"][name] for name in result["names"]},
-        "table": result["table"],
+        "table": result["table"], "problems": result["problems"],
         "runs": [{"rep": j.rep, "name": j.name, "ok": j.ok, "error": j.error,
                   "returncode": j.returncode, "seconds": round(j.seconds, 1),
                   "folder": str(j.folder), "log": str(j.log), "argv": j.argv} for j in jobs],
@@ -824,10 +865,12 @@ def main(argv=None) -> int:
                            seconds=time.monotonic() - t0)
     failed = [j for j in jobs if not j.ok]
     print(f"{PROG}: report written to {report}")
+    for problem in result["problems"]:
+        print(f"{PROG}: {problem}", file=sys.stderr)
     for job in failed:
         print(f"{PROG}: rep {job.rep} {job.name} failed ({job.error}); last lines of {job.log}:\n"
               f"{tail(job.log, 10)}", file=sys.stderr)
-    return 1 if failed else 0
+    return 1 if failed or result["problems"] else 0
 
 
 def _sigterm(*_):

@@ -76,6 +76,10 @@ def build(name: str, ctx: mx.Context, *, seed: int = 1, hybridize: bool = True) 
     if hybridize:
         net.hybridize(static_alloc=True)
     net(mx.nd.zeros((1, 1, spec.input_size, spec.input_size), ctx=ctx))
+    # That inference pass may leave weights in MKL-DNN's internal layout, which the distributed
+    # KVStore cannot send ("Check failed: !IsMKLDNNData()"): store plain copies.
+    for param in net.collect_params().values():
+        param.set_data(param.data().copy())
     return net
 
 

@@ -35,7 +35,7 @@ def guarded(fn) -> int:
     except Exception as exc:
         if not isinstance(exc, _user_errors()):
             raise
-        print(f"error: {exc}", file=sys.stderr, flush=True)
+        print(f"main.py: error: {exc}", file=sys.stderr, flush=True)
         return 2
 
 
@@ -129,8 +129,11 @@ def _start_global_model(worker: Worker, store: CheckpointStore | None, resume: b
 def train(args) -> int:
     ctx = resolve_context(args)
     algo_cls = algorithm_class(args.mode, args.use_dcasgd)
+    if args.resume and algo_cls.kvstore_type is None:
+        raise UsageError("--resume continues from a cluster's checkpoints; -m local writes none")
     folder = mode_dir(args)
     channel, rank, num_workers = _connect(algo_cls, args)
+    stream = _shard(args, rank, num_workers)          # bad data fails before any folder is made
     net = models.build(args.network, ctx, seed=args.seed)
     trainable, aux = models.trainable_and_aux(net)
     worker = Worker(args=args, ctx=ctx, net=net, trainable=trainable, aux=aux, channel=channel,
@@ -138,9 +141,10 @@ def train(args) -> int:
     device = _device_name(args, rank)
     writer = RoundLogWriter(folder / args.host_name / device, overwrite=args.overwrite,
                             resume=args.resume)
-    stream = _shard(args, rank, num_workers)
     store = CheckpointStore(folder / "checkpoints") if channel is not None else None
     if rank == 0:
+        if args.overwrite and not args.resume:
+            _forget_earlier_run(folder)
         _write_run_config(folder, args, num_workers)
     _write_json(writer.folder / "config.json", dict(vars(args), rank=rank, device=device,
                                                     num_workers=num_workers))
@@ -150,6 +154,13 @@ def train(args) -> int:
     algo.setup()
     loop = TrainingLoop(worker, algo, stream, writer, store, folder, device)
     return loop.run(done_rounds, spent, samples)
+
+
+def _forget_earlier_run(folder: Path) -> None:
+    """--overwrite: the earlier run's scores and checkpoints must not leak into this one."""
+    import shutil
+    (folder / "evaluations.jsonl").unlink(missing_ok=True)
+    shutil.rmtree(folder / "checkpoints", ignore_errors=True)
 
 
 class TrainingLoop:
@@ -278,8 +289,12 @@ class TrainingLoop:
             self.store.mark_done({"round": round_no, "total_time": elapsed})
 
 
+SECRET_KEYS = {"state_token"}     # never written to logs, configs or checkpoints
+
+
 def _jsonable(d: dict) -> dict:
-    return {k: v for k, v in d.items() if isinstance(v, (str, int, float, bool, type(None)))}
+    return {k: v for k, v in d.items()
+            if isinstance(v, (str, int, float, bool, type(None))) and k not in SECRET_KEYS}
 
 
 def _write_json(path: Path, content: dict) -> None:

@@ -66,12 +66,12 @@ import sys as _sys
 REPO = Path(__file__).resolve().parents[1]
 
 
-def run_cluster(log_dir, data_dir, *args, timeout=240, check=True):
+def run_cluster(log_dir, data_dir, *args, timeout=240, check=True, env=None):
     """Run ``python -m esync.launch`` to completion; returns the CompletedProcess."""
     command = [_sys.executable, "-m", "esync.launch", "-ld", str(log_dir), "-dd", str(data_dir),
                "--quiet", *map(str, args)]
     done = _subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout,
-                           env=dict(_os.environ, PYTHONUNBUFFERED="1"))
+                           env=dict(_os.environ, PYTHONUNBUFFERED="1", **(env or {})))
     if check and done.returncode != 0:
         raise AssertionError(f"cluster failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
                              + _process_logs(log_dir))

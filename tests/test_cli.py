@@ -88,16 +88,17 @@ CONFIG_DEFAULTS = [
 ]
 
 
-@pytest.mark.parametrize("name", [c[0] for c in CONFIG_DEFAULTS])
-def test_defaults_are_config_values(name):
-    _, dest, _, _ = next(c for c in CONFIG_DEFAULTS if c[0] == name)
+@pytest.mark.parametrize("name,dest", [c[:2] for c in CONFIG_DEFAULTS],
+                         ids=[c[0] for c in CONFIG_DEFAULTS])
+def test_defaults_are_config_values(name, dest):
     expected = getattr(config, name)
     if name == "state_server_port":
         expected = int(expected)
     assert getattr(cli.parse_args([]), dest) == expected
 
 
-@pytest.mark.parametrize("name,dest,value,parsed", CONFIG_DEFAULTS, ids=[c[0] for c in CONFIG_DEFAULTS])
+@pytest.mark.parametrize("name,dest,value,parsed", CONFIG_DEFAULTS,
+                         ids=[c[0] for c in CONFIG_DEFAULTS])
 def test_changing_config_changes_the_default(monkeypatch, name, dest, value, parsed):
     monkeypatch.setattr(config, name, value)
     assert getattr(cli.parse_args([]), dest) == parsed

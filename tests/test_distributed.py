@@ -126,3 +126,21 @@ def test_planned_policy_makes_two_requests_per_worker_per_round(tmp_path, small_
     for rounds in logs.values():
         assert [r["state_requests"] for r in rounds] == [2] * 8   # plan + reset
     assert max(r["k"] for r in logs["cpu0"][2:]) >= 2
+
+
+def test_state_token_is_never_written_to_disk(tmp_path, small_data):
+    token = "do-not-write-me-7f3a9c"
+    run_cluster(tmp_path, small_data, "-m", "esync", "--workers", 2, "-b", 16,
+                "--max-rounds", 3, "-e", 3, "--max-seconds", 0, env={"ESYNC_STATE_TOKEN": token})
+    written = [p for p in tmp_path.rglob("*") if p.is_file() and token.encode() in p.read_bytes()]
+    assert written == []
+
+
+def test_batch_norm_network_trains_through_the_parameter_server(tmp_path, small_data):
+    run_cluster(tmp_path, small_data, "-m", "esync", "--local-iters", 2, "-n", "resnet18-v1",
+                "--workers", 2, "-b", 4, "-ll", 0.01, "--max-rounds", 2, "-e", 2,
+                "--max-seconds", 0, "--no-evaluator")
+    store = CheckpointStore(tmp_path / "resnet18-v1" / "esync" / "checkpoints")
+    _, arrays = store.load(store.path_for(2), network="resnet18-v1")
+    running_means = [v for k, v in arrays.items() if k.endswith("running_mean")]
+    assert running_means and any(np.abs(v).sum() > 0 for v in running_means)

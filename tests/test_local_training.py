@@ -119,11 +119,6 @@ def test_other_seed_gives_other_losses(main_py, real_fashion_subset, tmp_path):
     assert _losses(tmp_path / "a") != _losses(tmp_path / "b")
 
 
-# Known bugs of esync/trainer.py (reported to the lead); strict: these fail once fixed, and the
-# marker must go.
-
-@pytest.mark.xfail(strict=True, reason="trainer keeps an earlier run's evaluations.jsonl on "
-                                       "--overwrite (and --target-accuracy reads it)")
 def test_overwrite_starts_a_fresh_evaluation_log(main_py, real_fashion_subset, tmp_path):
     argv = _args(real_fashion_subset, tmp_path, "--max-rounds", "10", "-e", "5")
     _train(main_py, *argv)
@@ -131,8 +126,6 @@ def test_overwrite_starts_a_fresh_evaluation_log(main_py, real_fashion_subset, t
     assert [e["round"] for e in _evaluations(tmp_path)] == [5, 10]
 
 
-@pytest.mark.xfail(strict=True, reason="--resume in -m local restarts at round 1 and "
-                                       "overwrites the earlier run's iter-N.txt")
 def test_resume_in_local_mode_never_overwrites_earlier_logs(main_py, real_fashion_subset,
                                                             tmp_path):
     argv = _args(real_fashion_subset, tmp_path, "-e", "5")
@@ -140,4 +133,5 @@ def test_resume_in_local_mode_never_overwrites_earlier_logs(main_py, real_fashio
     before = {n: log["total_time"] for n, log in _logs(tmp_path).items()}
     result = main_py(*argv, "--max-rounds", "3", "--resume")
     after = {n: log["total_time"] for n, log in _logs(tmp_path).items()}
-    assert result.returncode == 2 or all(after[n] == t for n, t in before.items())
+    assert result.returncode == 2 and "--resume" in result.stderr
+    assert after == before

@@ -1,4 +1,4 @@
-"""Tests of esync.measure: phase timers that wait for MXNet's engine, and the per-round log files."""
+"""Tests of esync.measure: phase timers that wait for MXNet's engine; the per-round log files."""
 import json
 import time
 

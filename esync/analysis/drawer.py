@@ -194,7 +194,7 @@ def draw_throughput(fig: Figure, summaries: dict, *, network: str) -> bool:
     total_ax, device_ax = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1, 2]})
     totals = [_height(cluster_totals(summaries[m]).get("throughput")) for m in modes]
     total_ax.bar(range(len(modes)), totals,
-                 color=[COLORS.get(split_mode(m)[0]) for m in modes])
+                 color=[COLORS.get(split_mode(m)[0], "0.5") for m in modes])
     total_ax.set_xticks(range(len(modes)), [mode_label(m) for m in modes], rotation=30,
                         ha="right")
     total_ax.set_ylabel("Data throughput (samples/s)")
@@ -220,7 +220,7 @@ def draw_traffic(fig: Figure, summaries: dict, *, network: str,
         return False
     ax = fig.add_subplot()
     bars = ax.bar(range(len(values)), list(values.values()),
-                  color=[COLORS.get(split_mode(m)[0]) for m in values])
+                  color=[COLORS.get(split_mode(m)[0], "0.5") for m in values])
     ax.bar_label(bars, fmt="%.2f")
     ax.margins(y=0.1)
     ax.set_xticks(range(len(values)), [mode_label(m) for m in values], rotation=20, ha="right")
