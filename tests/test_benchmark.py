@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import write_fashion_dir
+from support import write_fashion_dir
 from esync import benchmark
 
 REPO = Path(__file__).resolve().parents[1]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from mxnet import autograd, gluon
 
-from conftest import device_logs, processes_mentioning, run_cluster, write_fashion_dir
+from support import device_logs, processes_mentioning, run_cluster, write_fashion_dir
 from esync import data, models
 from esync.checkpoint import CheckpointStore
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import REPO, device_logs, processes_mentioning, run_cluster
+from support import REPO, device_logs, processes_mentioning, run_cluster
 
 
 def start_launcher(log_dir, data_dir, *args):
