@@ -216,8 +216,11 @@ class Cluster:
             while True:
                 failed = self.first_failure()
                 if failed is not None:
+                    # A worker's death often makes the server abort a moment later (or the other
+                    # way round): look again shortly and name the root cause, a worker if any.
+                    time.sleep(1.0)
                     progress.close()
-                    return self.fail(failed)
+                    return self.fail(self.first_failure() or failed)
                 if all(r.proc.poll() == 0 for r in self.roles if r.kind == "worker"):
                     progress.update(final=True)
                     progress.close()
@@ -431,6 +434,10 @@ def main(argv=None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
+        # Every process gets absolute paths: workers run from the repository, the state server
+        # from state_server/, the user from anywhere.
+        args.log_dir = str(Path(args.log_dir).resolve())
+        args.data_dir = str(Path(args.data_dir).resolve())
         if args.slowdown_list is None:
             args.slowdown_list = DEFAULT_SLOWDOWN if args.workers == 4 else "1"
         args.slowdowns = _slowdown_list(args.slowdown_list, args.workers)

@@ -74,6 +74,7 @@ def start_state_server(*, host: str = "127.0.0.1", port: int, token: str | None,
     both steps is appended to ``log_path``. Does not wait for the server: see ``wait_until_up``.
     """
     token = token or secrets.token_urlsafe(24)
+    db_path = Path(db_path).resolve()          # gunicorn runs from state_server/
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     Path(db_path).parent.mkdir(parents=True, exist_ok=True)

@@ -125,3 +125,16 @@ def test_missing_data_says_how_to_prepare(tmp_path):
     done = run_cluster(tmp_path, tmp_path / "nowhere", "-m", "sync", check=False)
     assert done.returncode == 2
     assert "scripts/prepare_data.py" in done.stderr
+
+
+def test_relative_folders_work_from_any_directory(tmp_path, fashion_data_dir):
+    """Workers run from the repository and the state server from state_server/: every path the
+    user gives relative to their own directory must still land where they meant."""
+    assert fashion_data_dir == tmp_path / "data"
+    command = [sys.executable, "-m", "esync.launch", "-ld", "runs", "-dd", "data", "--quiet",
+               "-m", "esync", "--workers", 2, "-b", 8, "--max-rounds", 3, "--max-seconds", 0,
+               "--no-evaluator"]
+    done = subprocess.run(list(map(str, command)), cwd=tmp_path, capture_output=True, text=True,
+                          timeout=180, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert done.returncode == 0, done.stderr
+    assert len(device_logs(tmp_path / "runs" / "lenet" / "esync")) == 2
