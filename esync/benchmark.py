@@ -39,6 +39,7 @@ from datetime import datetime
 from pathlib import Path
 
 import config
+from esync.cli import bounded_number
 
 REPO = Path(__file__).resolve().parents[1]
 MAIN = REPO / "main.py"
@@ -64,44 +65,10 @@ class _Parser(argparse.ArgumentParser):
 
 # ----------------------------------------------------------------------------- options
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}") from None
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return value
-
-
-def _target(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number in (0, 1], got {text!r}") from None
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be a number in (0, 1], got {text}")
-    return value
+_positive_int = bounded_number(int, low=0, strict=True, must="a positive integer")
+_non_negative_int = bounded_number(int, low=0, must="an integer >= 0")
+_positive_float = bounded_number(float, low=0, strict=True, must="a positive number")
+_target = bounded_number(float, low=0, strict=True, high=1, must="a number in (0, 1]")
 
 
 def parse_modes(text: str) -> list[str]:

@@ -11,6 +11,7 @@ One entry point for every role, chosen by ``DMLC_ROLE``:
 Bad values end with one ``error:`` line naming the flag, never a traceback.
 """
 import argparse
+import math
 import os
 import socket
 import sys
@@ -29,26 +30,29 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see {self.prog} --help)")
 
 
-def _bounded(kind, *, low, strict=False, high=None, must):
-    """An argparse type: a number of `kind` within bounds, else 'must be <must>, got <text>'."""
+def bounded_number(kind, *, low, strict=False, high=None, must):
+    """An argparse type: a finite number of `kind` within bounds, else 'must be <must>, got <text>'.
+
+    Shared by every command of the project (main.py, esync-cluster, esync-benchmark, drawer).
+    """
     what = "an integer" if kind is int else "a number"
 
     def parse(text):
         value = _typed(kind, text, what)
         above = value > low if strict else value >= low
-        if not (above and (high is None or value <= high)):
+        if not (above and (high is None or value <= high) and math.isfinite(value)):
             raise argparse.ArgumentTypeError(f"must be {must}, got {text}")
         return value
     return parse
 
 
-_positive_int = _bounded(int, low=0, strict=True, must="a positive integer")
-_non_negative_int = _bounded(int, low=0, must=">= 0")
-_positive_float = _bounded(float, low=0, strict=True, must="a positive number")
-_non_negative_float = _bounded(float, low=0, must=">= 0")
-_slowdown = _bounded(float, low=1, must=">= 1 (a device F times slower)")
-_accuracy = _bounded(float, low=0, high=1, must="between 0 and 1")
-_port = _bounded(int, low=1, high=65535, must="a port number 1-65535")
+_positive_int = bounded_number(int, low=0, strict=True, must="a positive integer")
+_non_negative_int = bounded_number(int, low=0, must=">= 0")
+_positive_float = bounded_number(float, low=0, strict=True, must="a positive number")
+_non_negative_float = bounded_number(float, low=0, must=">= 0")
+_slowdown = bounded_number(float, low=1, must=">= 1 (a device F times slower)")
+_accuracy = bounded_number(float, low=0, high=1, must="between 0 and 1")
+_port = bounded_number(int, low=1, high=65535, must="a port number 1-65535")
 
 
 def _flag01(text):

@@ -34,6 +34,8 @@ from typing import Callable
 import matplotlib
 from matplotlib.figure import Figure
 
+from esync.cli import bounded_number
+
 from esync.analysis.summary import (EVALUATIONS_FILE, ITER_FILE, RUN_FILE, HelpFormatter, LogError,
                                     device_entries, find_device_dirs, load_summary, split_mode,
                                     summary_name, write_summary)
@@ -301,14 +303,7 @@ def draw_all(summaries: dict, out_dir, *, network: str, show: bool = False,
 
 # ----------------------------------------------------------------------------- command line
 
-def _target(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
-    return value
+_target = bounded_number(float, low=0, strict=True, high=1, must="in (0, 1]")
 
 
 def build_parser() -> argparse.ArgumentParser:
