@@ -193,9 +193,10 @@ class TrainingLoop:
             k, last_c, loss = self._local_phase(record, last_c)
             w.samples_this_round = record.num_samples
             elapsed = time.perf_counter() - clock0
-            want_stop = self.criteria.reached(round_no, elapsed, self.evaluations.poll())
+            want_stop = self.criteria.reached(round_no, elapsed, self._latest_accuracy())
             stop = self.algo.aggregate(record, want_stop)
-            total_samples += getattr(self.algo, "global_samples", record.num_samples)
+            round_samples = self.algo.global_samples
+            total_samples += record.num_samples if round_samples is None else round_samples
             acc = self._evaluate_inline(record, round_no, stop, elapsed)
             clock0 += record.seconds("evaluation")   # standalone: scoring is not training time
             elapsed = time.perf_counter() - clock0
@@ -222,6 +223,12 @@ class TrainingLoop:
         self.algo.close()
         print(f"{self.prefix} stopped after round {round_no} ({elapsed:.1f}s)", flush=True)
         return 0
+
+    def _latest_accuracy(self):
+        """Where the stop is voted on together, rank 0's view is enough: the others skip the read."""
+        if self.algo.collective_stop and self.w.rank != 0:
+            return None
+        return self.evaluations.poll()
 
     def _warm_up(self) -> float:
         """One step on a dummy batch: compiles the graph, gives the first c_i, uses no data."""

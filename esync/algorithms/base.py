@@ -38,7 +38,7 @@ class Algorithm:
 
     kvstore_type: Optional[str] = None   # 'dist_sync', 'dist_async' or None (standalone)
     collective_stop = False             # stop decided together, through the parameter server
-    learning_rate_flag = "learning_rate"
+    global_samples: Optional[int] = None   # samples of the last round over all workers, if known
 
     def __init__(self, worker: Worker):
         self.worker = worker
