@@ -33,6 +33,7 @@ MAIN = REPO / "main.py"
 # trains in minutes on a CPU, learning rates that suit it, and a time budget.
 CLUSTER_DEFAULTS = dict(network="lenet", cpu=1, learning_rate=0.05, local_lr=0.05,
                         eval_duration=10, max_seconds=90.0, mode="esync")
+STATE_SERVER_RESTARTS = 3        # a state server that keeps dying is a failure, not a blip
 DEFAULT_SLOWDOWN = "1,1,4,8"      # DESIGN.md's emulated cluster: two fast, one 4x, one 8x slower
 LAUNCHER_ONLY = {"workers", "slowdown_list", "devices", "servers", "threads", "port", "state_port",
                  "no_evaluator", "no_summary", "quiet"}
@@ -145,7 +146,7 @@ class Cluster:
         self.roles: list[Role] = []
         self.mode_dir = _mode_dir(args)
         self.proc_dir = self.mode_dir / "processes"
-        self.state = None
+        self.state_token, self.state_restarts = None, 0
 
     # -- starting ----------------------------------------------------------------------------
     def env(self, role: str, port: int) -> dict:
@@ -196,17 +197,48 @@ class Cluster:
                        base + dev + ["--device-name", name, "--slowdown", f"{factor:g}"], env)
 
     def start_state_server(self, token: str) -> None:
-        from esync import state_service
         port = self.args.state_port or _free_port()
         if not _port_free(port):
             raise cli.UsageError(f"argument --state-port: port {port} is in use")
         self.args.state_server_ip, self.args.state_server_port = "127.0.0.1", port
         self.proc_dir.mkdir(parents=True, exist_ok=True)
-        proc = state_service.start_state_server(
-            port=port, token=token, db_path=self.mode_dir / "state_server.sqlite3",
-            log_path=self.proc_dir / "state_server.log")
+        self.state_token, self.state_restarts = token, 0
+        proc = self._run_state_server()
         self.roles.append(Role("state server", "state", proc, proc.log_path))
+
+    def _run_state_server(self) -> subprocess.Popen:
+        from esync import state_service
+        proc = state_service.start_state_server(
+            port=self.args.state_server_port, token=self.state_token,
+            db_path=self.mode_dir / "state_server.sqlite3",
+            log_path=self.proc_dir / "state_server.log")
         state_service.wait_until_up(proc.url, timeout=60, proc=proc)
+        return proc
+
+    def supervise_state_server(self) -> None:
+        """Restart a state server that died mid-job, in place (same port, token and database).
+
+        Workers retry their calls for two minutes and the server rebuilds the job from SQLite,
+        so a restart costs the job a pause, not its life. After STATE_SERVER_RESTARTS restarts
+        the death counts as a failure like any other.
+        """
+        from esync import state_service
+        for role in self.roles:
+            if role.kind != "state" or role.proc.poll() is None:
+                continue
+            if self.state_restarts >= STATE_SERVER_RESTARTS or not any(
+                    r.proc.poll() is None for r in self.roles if r.kind == "worker"):
+                return
+            self.state_restarts += 1
+            print(f"esync-cluster: the state server died (exit code {role.proc.returncode}); "
+                  f"restarting it ({self.state_restarts}/{STATE_SERVER_RESTARTS})",
+                  file=sys.stderr, flush=True)
+            state_service.stop(role.proc, hard=True)      # its gunicorn worker, if still there
+            try:
+                role.proc = self._run_state_server()
+            except (RuntimeError, TimeoutError) as exc:
+                print(f"esync-cluster: restarting the state server failed: {exc}",
+                      file=sys.stderr, flush=True)
 
     # -- watching ----------------------------------------------------------------------------
     def watch(self) -> int:
@@ -214,6 +246,7 @@ class Cluster:
         progress = Progress(self.mode_dir, self.args, quiet=self.args.quiet)
         try:
             while True:
+                self.supervise_state_server()
                 failed = self.first_failure()
                 if failed is not None:
                     # A worker's death often makes the server abort a moment later (or the other

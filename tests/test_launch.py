@@ -138,3 +138,28 @@ def test_relative_folders_work_from_any_directory(tmp_path, fashion_data_dir):
                           timeout=180, env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert done.returncode == 0, done.stderr
     assert len(device_logs(tmp_path / "runs" / "lenet" / "esync")) == 2
+
+
+def _cmdline(pid):
+    return open(f"/proc/{pid}/cmdline").read().replace("\0", " ")
+
+
+def test_state_server_killed_mid_job_is_restarted_and_the_job_finishes(tmp_path,
+                                                                     fashion_data_dir):
+    launcher = start_launcher(tmp_path, fashion_data_dir, "-m", "esync", "--workers", 2,
+                              "--slowdown", "1,2", "-b", 8, "--max-rounds", 40,
+                              "--max-seconds", 0, "--no-evaluator")
+    mode_dir = tmp_path / "lenet" / "esync"
+    wait_for_rounds(launcher, mode_dir, "cpu0", 5)
+    worker = next(p for p in processes_mentioning(str(tmp_path)) if "main.py" in _cmdline(p))
+    argv = _cmdline(worker).split()
+    port = argv[argv.index("--state-server-port") + 1]
+    server = [p for p in processes_mentioning(f"127.0.0.1:{port}") if "gunicorn" in _cmdline(p)]
+    assert server
+    os.killpg(os.getpgid(server[0]), signal.SIGKILL)
+    _, err = launcher.communicate(timeout=240)
+    assert launcher.returncode == 0, err
+    assert "restarting it (1/3)" in err
+    logs = device_logs(mode_dir)
+    assert [len(rounds) for rounds in logs.values()] == [40, 40]
+    assert processes_mentioning(str(tmp_path)) == []
