@@ -597,6 +597,7 @@ def _row_label(name: str) -> str:
 
 def render_report(args, jobs: list[Job], result: dict, *, command: str, started: datetime,
                   seconds: float) -> str:
+    from esync.analysis.table import time_cell as table_time_cell
     out = Path(args.out)
     names, per_rep, rows = result["names"], result["per_rep"], result["table"]
     table = {row["mode"]: row for row in rows}
@@ -659,7 +660,7 @@ def render_report(args, jobs: list[Job], result: dict, *, command: str, started:
             time_cell = speedup = "n/a"
             row = {"standalone_accuracy_mean": None}
         else:
-            time_cell = _time_cell(row)
+            time_cell = table_time_cell(row)
             speedup = "n/a" if row["speedup"] is None else f"{row['speedup']:.2f}×"
         frac = _cell([m["throughput_fraction"] for m in metrics], ".2f")
         if name == "local":
@@ -746,14 +747,6 @@ def _device_tables(names: list[str], per_rep: dict, devices: list[str]) -> list[
                  + " | ".join("—" if c == "n/a" else c for c in cells) + " |")
     L.append("")
     return L
-
-
-def _time_cell(row: dict) -> str:
-    if row["time_to_target_s"] is not None:
-        return f"{row['time_to_target_s']:.1f}"
-    if row["runs_reached"]:
-        return f"not reached in {row['runs'] - row['runs_reached']}/{row['runs']} runs"
-    return "not reached"
 
 
 def _device_header(device: str, per_rep: dict) -> str:

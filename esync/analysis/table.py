@@ -171,7 +171,8 @@ def _accuracy_cell(mean, std, n) -> str:
     return "n/a" if mean is None else f"{mean:.3f} ± {std:.3f} (n={n})"
 
 
-def _time_cell(row: dict) -> str:
+def time_cell(row: dict) -> str:
+    """The "time to target" cell, shared by the speedup table and the benchmark report."""
     if row["time_to_target_s"] is not None:
         return f"{row['time_to_target_s']:.1f}"
     if row["runs_reached"]:
@@ -196,7 +197,7 @@ def to_markdown(rows: Sequence[dict], *, network: str, target: float) -> str:
     ]
     for row in rows:
         lines.append(" | ".join([
-            f"| {row['label']}", str(row["runs"]), _time_cell(row),
+            f"| {row['label']}", str(row["runs"]), time_cell(row),
             "n/a" if row["speedup"] is None else f"{row['speedup']:.2f}×",
             _accuracy_cell(row["final_accuracy_mean"], row["final_accuracy_std"],
                            row["final_accuracy_runs"]),
