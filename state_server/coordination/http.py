@@ -227,7 +227,7 @@ def api(method: str, *, changes_state: bool, max_body: str = "ESYNC_STATE_MAX_BO
         @functools.wraps(view)
         def endpoint(request, **kwargs):
             try:
-                if request.method != method:
+                if request.method != method and (method, request.method) != ("GET", "HEAD"):
                     raise FieldError(ERR_METHOD.format(method=request.method, allowed=method),
                                      None, 405)
                 job = kwargs.get("job")
@@ -257,3 +257,40 @@ def api(method: str, *, changes_state: bool, max_body: str = "ESYNC_STATE_MAX_BO
         return endpoint
 
     return decorate
+
+
+def json_error_guard(app):
+    """Wrap the WSGI ``app``: what escapes Django (it builds the request, e.g. its query string
+    and charset, before any handler or middleware runs) is answered as a JSON 400 or 500."""
+    import logging
+    log = logging.getLogger("django.request")
+
+    def guarded(environ, start_response):
+        try:
+            return app(environ, start_response)
+        except REQUEST_PARSE_ERRORS as exc:
+            status, body = "400 Bad Request", {"error": ERR_BODY_UNREADABLE.format(
+                detail=_detail(exc)).replace("body", "request", 1), "field": None}
+        except Exception:
+            log.exception("state server: error outside Django's handler")
+            status, body = "500 Internal Server Error", {"error": ERR_SERVER, "field": None}
+        data = b"" if environ.get("REQUEST_METHOD") == "HEAD" else json.dumps(body).encode()
+        start_response(status, [("Content-Type", "application/json"),
+                                ("Content-Length", str(len(data)))])
+        return [data]
+
+    return guarded
+
+
+class HeadWithoutBody:
+    """Django middleware: a HEAD answer keeps its headers and drops its body (RFC 9110)."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        response = self.get_response(request)
+        if request.method == "HEAD" and not response.streaming:
+            response["Content-Length"] = str(len(response.content))
+            response.content = b""
+        return response

@@ -21,7 +21,11 @@ from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.core.wsgi import get_wsgi_application  # noqa: E402
 
-application = get_wsgi_application()
+django_application = get_wsgi_application()         # sets Django up
+
+from coordination.http import json_error_guard  # noqa: E402
+
+application = json_error_guard(django_application)
 call_command("migrate", interactive=False, verbosity=0)   # a fresh database just works
 
 if settings.ESYNC_STATE_TOKEN_GENERATED:

@@ -26,7 +26,7 @@ ALLOWED_HOSTS = [host.strip() for host in os.environ.get("ESYNC_STATE_ALLOWED_HO
                  if host.strip()]
 
 INSTALLED_APPS = ["coordination"]
-MIDDLEWARE = ["django.middleware.security.SecurityMiddleware"]
+MIDDLEWARE = ["django.middleware.security.SecurityMiddleware", "coordination.http.HeadWithoutBody"]
 ROOT_URLCONF = "esync_state.urls"
 WSGI_APPLICATION = "esync_state.wsgi.application"
 TEMPLATES = []
