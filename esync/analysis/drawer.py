@@ -34,6 +34,7 @@ from typing import Callable
 import matplotlib
 from matplotlib.figure import Figure
 
+from esync import modes
 from esync.cli import bounded_number
 
 from esync.analysis.summary import (EVALUATIONS_FILE, ITER_FILE, RUN_FILE, HelpFormatter, LogError,
@@ -45,9 +46,7 @@ from esync.analysis.table import (MODE_ORDER, accuracy_series, cluster_totals, f
 
 __all__ = ["load_summaries", "draw_all", "time_to_accuracy", "speedup_table", "main"]
 
-# The original's colours for ESync, Sync, Async; green for DC-ASGD, black for standalone.
-COLORS = {"esync": "m", "sync": "orange", "async": "b", "dcasgd": "g", "local": "k"}
-ACCURACY_MODES = ("esync", "sync", "async", "dcasgd")
+ACCURACY_MODES = tuple(m.name for m in modes.MODES if m.cluster)
 FIGURES_DIR = "figures"
 MINUTES_ABOVE_S = 600  # time axes switch from seconds to minutes beyond this
 NAN = float("nan")
@@ -121,7 +120,7 @@ def _time_axis(max_seconds: float) -> tuple[float, str]:
 
 
 def _standalone(summaries: dict) -> float | None:
-    for mode in ("local", "local-niid"):
+    for mode in [modes.STANDALONE + sp.suffix for sp in modes.SPLITS]:
         if mode in summaries:
             accuracy = final_accuracy(summaries[mode])
             if accuracy is not None:
@@ -129,10 +128,12 @@ def _standalone(summaries: dict) -> float | None:
     return None
 
 
-def draw_accuracy(fig: Figure, summaries: dict, *, niid: bool, network: str,
+def draw_accuracy(fig: Figure, summaries: dict, *, niid: bool | modes.Split, network: str,
                   notify: Notify = _stderr) -> bool:
-    """Test accuracy over time; False (nothing drawn) when no mode has accuracy records."""
-    suffix = "-niid" if niid else ""
+    """Test accuracy over time of one data split (``niid``: True for by-class, or a registry
+    split); False (nothing drawn) when no mode has accuracy records."""
+    split = niid if isinstance(niid, modes.Split) else modes.split(int(niid))
+    suffix = split.suffix
     series = {}
     for base in ACCURACY_MODES:
         mode = base + suffix
@@ -149,15 +150,15 @@ def draw_accuracy(fig: Figure, summaries: dict, *, niid: bool, network: str,
     ax = fig.add_subplot()
     for base, (times, accs, _) in series.items():
         pairs = sorted(zip(times, accs))
-        ax.plot([t / scale for t, _ in pairs], [a for _, a in pairs], color=COLORS[base],
-                marker="." if len(pairs) <= 50 else None, label=mode_label(base))
+        ax.plot([t / scale for t, _ in pairs], [a for _, a in pairs], color=modes.colour(base),
+                marker="." if len(pairs) <= 50 else None, label=mode_label(base), gid=base)
     standalone = _standalone(summaries)
     if standalone is not None:
         ax.axhline(standalone, color="k", linestyle="--", linewidth=1,
                    label=f"Standalone SGD ({standalone:.3f})")
     else:
         notify("accuracy: no standalone (local) run with accuracy; no dashed line")
-    ax.set_title(f"Test accuracy ({'non-' if niid else ''}i.i.d.) — {network}")
+    ax.set_title(f"Test accuracy ({split.label or 'i.i.d.'}) — {network}")
     ax.set_xlabel(xlabel)
     ax.set_ylabel("Test accuracy")
     ax.set_ylim(0, 1)
@@ -183,7 +184,7 @@ def _grouped_bars(ax, summaries: dict, devices, value) -> None:
         values = {(h, d): value(e) for h, d, e in device_entries(summary)}
         xs = [j + (i - (len(summaries) - 1) / 2) * width for j in range(len(devices))]
         ax.bar(xs, [_height(values.get(dev)) for dev in devices], width=width,
-               color=COLORS.get(split_mode(mode)[0], None),
+               color=modes.colour(mode),
                hatch="//" if split_mode(mode)[1] else None, label=mode_label(mode))
     ax.set_xticks(range(len(devices)), [f"{h}\n{d}" for h, d in devices])
 
@@ -192,12 +193,12 @@ def draw_throughput(fig: Figure, summaries: dict, *, network: str) -> bool:
     """Cluster samples/s per mode (left) and per device (right)."""
     if not summaries:
         return False
-    modes = list(summaries)
+    names = list(summaries)
     total_ax, device_ax = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1, 2]})
-    totals = [_height(cluster_totals(summaries[m]).get("throughput")) for m in modes]
-    total_ax.bar(range(len(modes)), totals,
-                 color=[COLORS.get(split_mode(m)[0], "0.5") for m in modes])
-    total_ax.set_xticks(range(len(modes)), [mode_label(m) for m in modes], rotation=30,
+    totals = [_height(cluster_totals(summaries[m]).get("throughput")) for m in names]
+    total_ax.bar(range(len(names)), totals,
+                 color=[modes.colour(m, "0.5") for m in names])
+    total_ax.set_xticks(range(len(names)), [mode_label(m) for m in names], rotation=30,
                         ha="right")
     total_ax.set_ylabel("Data throughput (samples/s)")
     total_ax.set_title("Cluster total")
@@ -222,7 +223,7 @@ def draw_traffic(fig: Figure, summaries: dict, *, network: str,
         return False
     ax = fig.add_subplot()
     bars = ax.bar(range(len(values)), list(values.values()),
-                  color=[COLORS.get(split_mode(m)[0], "0.5") for m in values])
+                  color=[modes.colour(m, "0.5") for m in values])
     ax.bar_label(bars, fmt="%.2f")
     ax.margins(y=0.1)
     ax.set_xticks(range(len(values)), [mode_label(m) for m in values], rotation=20, ha="right")
@@ -270,14 +271,17 @@ def draw_all(summaries: dict, out_dir, *, network: str, show: bool = False,
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     summaries = dict(sorted(summaries.items(), key=lambda kv: mode_sort_key(kv[0])))
-    iid = {m: s for m, s in summaries.items() if not split_mode(m)[1]}
-    niid = {m: s for m, s in summaries.items() if split_mode(m)[1]}
-    niid.update({m: s for m, s in summaries.items() if split_mode(m)[0] == "local"})
-    jobs = [
-        ("accuracy-iid", (6.4, 4.8),
-         lambda fig: draw_accuracy(fig, iid, niid=False, network=network, notify=notify)),
-        ("accuracy-niid", (6.4, 4.8),
-         lambda fig: draw_accuracy(fig, niid, niid=True, network=network, notify=notify)),
+    jobs = []
+    for split in modes.SPLITS:
+        of_split = {m: s for m, s in summaries.items()
+                    if modes.parse_folder(m)[1] == split or split_mode(m)[0] == modes.STANDALONE}
+        if split.value > 1 and len(of_split) == len(
+                [m for m in summaries if split_mode(m)[0] == modes.STANDALONE]):
+            continue              # a newer split nobody ran: no notice about a missing figure
+        jobs.append((f"accuracy{split.suffix or '-iid'}", (6.4, 4.8),
+                     lambda fig, of_split=of_split, split=split: draw_accuracy(
+                         fig, of_split, niid=split, network=network, notify=notify)))
+    jobs += [
         ("data-throughput", (11, 4.8),
          lambda fig: draw_throughput(fig, summaries, network=network)),
         ("traffic-load", (6.4, 4.8),

@@ -37,6 +37,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from esync import modes
+
 ITER_FILE = re.compile(r"iter-(\d+)\.txt")
 EVALUATIONS_FILE = "evaluations.jsonl"
 RUN_FILE = "run.json"
@@ -59,9 +61,6 @@ EXTRA_LIST_KEYS = {
 }
 EXTRA_SCALAR_KEYS = ("slowdown", "rank")
 
-SUMMARY_NAMES = {"esync": "ESync", "sync": "Sync", "async": "Async", "dcasgd": "DCASGD",
-                 "local": "Local"}
-NIID_SUFFIX = "-niid"
 
 
 class LogError(Exception):
@@ -75,16 +74,16 @@ def summary_name(mode_dir_name: str) -> str:
 
     A folder name outside the known modes keeps its own name (``foo`` -> ``foo.json``).
     """
-    base, niid = split_mode(mode_dir_name)
-    stem = SUMMARY_NAMES.get(base, base)
-    return f"{stem}-Non-IID.json" if niid else f"{stem}.json"
+    return modes.summary_file(mode_dir_name)
 
 
 def split_mode(mode_dir_name: str) -> tuple[str, bool]:
-    """``"sync-niid"`` -> ``("sync", True)``; ``"sync"`` -> ``("sync", False)``."""
-    if mode_dir_name.endswith(NIID_SUFFIX):
-        return mode_dir_name[: -len(NIID_SUFFIX)], True
-    return mode_dir_name, False
+    """``"sync-niid"`` -> ``("sync", True)``; ``"sync"`` -> ``("sync", False)``.
+
+    True for every non-i.i.d. split the mode registry knows.
+    """
+    base, split = modes.parse_folder(mode_dir_name)
+    return base, split.value != 0
 
 
 def find_device_dirs(mode_dir: Path) -> dict[str, dict[str, Path]]:
