@@ -234,7 +234,10 @@ def read_evaluations(path: Path) -> dict | None:
         samples = record.get("samples")
         lists["samples_list"].append(None if samples is None
                                      else _number(where, "samples", samples))
-    return lists
+    # The evaluator appends rounds it caught up on after newer ones: present them in order.
+    order = sorted(range(len(lists["round_list"])),
+                   key=lambda i: (lists["elapsed_time_list"][i], lists["round_list"][i]))
+    return {key: [values[i] for i in order] for key, values in lists.items()}
 
 
 def read_run(path: Path) -> dict | None:
