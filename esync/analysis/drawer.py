@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -209,26 +210,74 @@ def draw_throughput(fig: Figure, summaries: dict, *, network: str) -> bool:
     return True
 
 
-def draw_traffic(fig: Figure, summaries: dict, *, network: str,
-                 notify: Notify = _stderr) -> bool:
-    """Bytes pushed + pulled per second per mode; modes whose logs count no bytes are left out."""
-    values = {}
+@dataclass(frozen=True)
+class ModelSize:
+    """The bytes one copy of the trainable parameters takes, and where that figure came from."""
+    bytes: int
+    source: str          # "lenet from the model zoo" / "given with --model-mb"
+
+
+def model_size_from_zoo(network: str) -> ModelSize | None:
+    """Trainable parameters of ``network`` as built by ``esync.models`` (float32), or None."""
+    from esync import models             # MXNet: only when a figure needs it
+    if network not in models.NETWORKS:
+        return None
+    import mxnet as mx
+    net = models.build(network, mx.cpu(), hybridize=False)
+    trainable, _ = models.trainable_and_aux(net)
+    return ModelSize(sum(int(p.data().size) * 4 for p in trainable),
+                     f"{network} from the model zoo")
+
+
+def estimated_traffic(summary: dict, mode: str, model: ModelSize) -> float | None:
+    """Bytes/s if every worker pushed and pulled the model once per logged round.
+
+    What each mode moves per round (the original's code): sync and async push a gradient and
+    pull the weights every iteration, ESync pushes its delta and pulls the model once per round;
+    standalone SGD moves nothing.
+    """
+    if modes.family(mode) == modes.STANDALONE:
+        return 0.0
+    wall = cluster_totals(summary).get("wall_time")
+    rounds = sum(len(e.get("num_samples_list") or []) for _, _, e in device_entries(summary))
+    return 2 * model.bytes * rounds / wall if wall else None
+
+
+def draw_traffic(fig: Figure, summaries: dict, *, network: str, notify: Notify = _stderr,
+                 model: ModelSize | None = None) -> bool:
+    """Bytes pushed + pulled per second per mode, as counted in the logs.
+
+    Logs without byte counts (the original's) get an estimate from ``model`` (hatched bars and
+    a note on the figure); without ``model`` they are left out.
+    """
+    values, estimated = {}, set()
     for mode, summary in summaries.items():
         traffic = cluster_totals(summary).get("traffic_bytes_per_s")
+        if traffic is None and model is not None:
+            traffic = estimated_traffic(summary, mode, model)
+            estimated.add(mode)
         if traffic is None:
-            notify(f"traffic: {mode} logs no byte counts; left out")
+            notify(f"traffic: {mode} logs no byte counts; left out (give the model size "
+                   "with --model-mb to estimate it)")
         else:
             values[mode] = traffic / 1e6
     if not values:
         return False
     ax = fig.add_subplot()
     bars = ax.bar(range(len(values)), list(values.values()),
-                  color=[modes.colour(m, "0.5") for m in values])
+                  color=[modes.colour(m, "0.5") for m in values],
+                  hatch=["//" if m in estimated else None for m in values])
     ax.bar_label(bars, fmt="%.2f")
     ax.margins(y=0.1)
     ax.set_xticks(range(len(values)), [mode_label(m) for m in values], rotation=20, ha="right")
     ax.set_ylabel("Traffic load (MB/s, pushed + pulled)")
     ax.set_title(f"Traffic load — {network}")
+    if estimated & set(values):
+        note = (f"Hatched: estimated, the logs count no bytes. One push and one pull of the "
+                f"model ({model.bytes / 1e6:.3g} MB, {model.source}) per worker and round.")
+        fig.text(0.01, 0.005, note, fontsize="x-small", wrap=True, gid="traffic-estimate-note")
+        notify(f"traffic: estimated for {', '.join(sorted(estimated & set(values)))} "
+               f"from the model size ({model.source})")
     return True
 
 
@@ -266,8 +315,11 @@ def _save(fig: Figure, out_dir: Path, stem: str) -> list[Path]:
 
 
 def draw_all(summaries: dict, out_dir, *, network: str, show: bool = False,
-             notify: Notify = _stderr) -> list[Path]:
-    """Draw the five figures that have data into ``out_dir``; return the files written."""
+             notify: Notify = _stderr, model: ModelSize | None = None) -> list[Path]:
+    """Draw the five figures that have data into ``out_dir``; return the files written.
+
+    ``model`` sizes the traffic estimate of logs without byte counts (see ``draw_traffic``).
+    """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     summaries = dict(sorted(summaries.items(), key=lambda kv: mode_sort_key(kv[0])))
@@ -285,7 +337,8 @@ def draw_all(summaries: dict, out_dir, *, network: str, show: bool = False,
         ("data-throughput", (11, 4.8),
          lambda fig: draw_throughput(fig, summaries, network=network)),
         ("traffic-load", (6.4, 4.8),
-         lambda fig: draw_traffic(fig, summaries, network=network, notify=notify)),
+         lambda fig: draw_traffic(fig, summaries, network=network, notify=notify,
+                                 model=model)),
         ("computing-time-ratio", (8, 4.8),
          lambda fig: draw_computing_ratio(fig, summaries, network=network, notify=notify)),
     ]
@@ -325,7 +378,28 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--show", action="store_true", help="also open the figures in windows")
     parser.add_argument("--target", type=_target, default=0.8,
                         help="test accuracy whose time to reach gives the speedup")
+    parser.add_argument("--model-mb", type=_model_mb, default=None,
+                        help="size of the model in MB (10^6 bytes), for the traffic estimate of "
+                             "logs that count no bytes (the original's); default: the size of "
+                             "-n's network as esync builds it")
     return parser
+
+
+_model_mb = bounded_number(float, low=0, strict=True, must="a positive number of megabytes")
+
+
+def model_size_for(summaries: dict, network: str, model_mb: float | None,
+                   notify: Notify = _stderr) -> ModelSize | None:
+    """The model size the traffic figure needs: only when some log counts no bytes."""
+    if all(cluster_totals(s).get("traffic_bytes_per_s") is not None for s in summaries.values()):
+        return None
+    if model_mb is not None:
+        return ModelSize(round(model_mb * 1e6), "given with --model-mb")
+    size = model_size_from_zoo(network)
+    if size is None:
+        notify(f"traffic: {network!r} is not a network esync knows; give its size with "
+               "--model-mb to estimate the traffic of logs without byte counts")
+    return size
 
 
 def main(argv=None) -> int:
@@ -340,7 +414,8 @@ def main(argv=None) -> int:
             raise LogError(f"{roots[0] / args.network}: no summaries or device logs of any mode")
         if len(roots) > 1:
             _stderr(f"figures from {roots[0]}; table over {len(roots)} log roots")
-        written = draw_all(runs[0], out_dir, network=args.network, show=args.show)
+        model = model_size_for(runs[0], args.network, args.model_mb)
+        written = draw_all(runs[0], out_dir, network=args.network, show=args.show, model=model)
         written += write_table(speedup_table(runs, target=args.target), out_dir,
                                network=args.network, target=args.target)
     except (LogError, OSError) as exc:
