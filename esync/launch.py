@@ -386,9 +386,8 @@ def _device_names(devices: list[str]) -> list[str]:
 
 
 def _mode_dir(args) -> Path:
-    from esync.algorithms import mode_dir_name
-    return (Path(args.log_dir) / args.network
-            / mode_dir_name(args.mode, args.use_dcasgd, args.split_by_class))
+    from esync.modes import mode_dir
+    return mode_dir(args)
 
 
 def _tail(path: Path, lines: int = 20) -> str:

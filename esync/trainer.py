@@ -11,20 +11,16 @@ import mxnet as mx
 from mxnet import autograd, gluon
 
 from esync import data, models
-from esync.algorithms import Worker, algorithm_class, mode_dir_name
+from esync.algorithms import Worker, algorithm_class
 from esync.checkpoint import CheckpointError, CheckpointStore
 from esync.errors import UsageError, guarded
 from esync.evaluator import EvaluationLog, accuracy
 from esync.kvstore import KeyMap, KVChannel
 from esync.fsutil import atomic_write_text
 from esync.measure import RoundLogWriter, RoundRecord
+from esync.modes import mode_dir
 
 COMPUTE_PHASES = ("get_batch", "forward and backward", "local update", "emulated slowdown")
-
-
-def mode_dir(args) -> Path:
-    return (Path(args.log_dir) / args.network
-            / mode_dir_name(args.mode, args.use_dcasgd, args.split_by_class))
 
 
 def run(args) -> int:
