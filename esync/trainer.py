@@ -256,7 +256,7 @@ class TrainingLoop:
                 with autograd.record():
                     loss = self.loss_fn(self.w.net(x), y)
                 loss.backward()
-            self.algo.local_step(record, self.args.batch_size)
+            self.algo.local_step(record)
             if self.args.slowdown > 1:
                 busy = record.current()
                 work = busy.get("forward and backward", 0.0) + busy.get("local update", 0.0)

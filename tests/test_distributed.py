@@ -10,7 +10,7 @@ from support import device_logs, processes_mentioning, run_cluster, write_fashio
 from esync import data, models
 from esync.checkpoint import CheckpointStore
 
-LR, BATCH, STEPS, SEED = 0.1, 8, 3, 1
+LR, BATCH, STEPS, SEED = 0.0125, 8, 3, 1     # LR x the batch-summed gradient (0.1 on the mean)
 
 
 def reference_sgd(data_dir, workers=2, steps=STEPS):
@@ -31,7 +31,7 @@ def reference_sgd(data_dir, workers=2, steps=STEPS):
         with autograd.record():
             loss = loss_fn(net(x), y)
         loss.backward()
-        trainer.step(BATCH * workers)
+        trainer.step(workers)          # the original: w - lr * (sum of batch sums) / N
     return {k: p.data().asnumpy() for k, p in models.named_parameters(net).items()}
 
 
@@ -96,7 +96,7 @@ def test_sync_workers_start_from_rank_zero_model_and_log_every_iteration(tmp_pat
                          ids=["async", "dcasgd"])
 def test_async_modes_train_and_stop_cleanly(tmp_path, fashion_dir_factory, extra):
     data_dir = fashion_dir_factory(train_per_class=100, test_per_class=30)
-    run_cluster(tmp_path, data_dir, *extra, "--workers", 2, "--slowdown", "1,2", "-l", 0.05,
+    run_cluster(tmp_path, data_dir, *extra, "--workers", 2, "--slowdown", "1,2", "-l", 0.05 / 16,
                 "-b", 16, "--max-rounds", 60, "-e", 10, "--max-seconds", 0)
     mode_dir = next((tmp_path / "lenet").iterdir())
     assert untrained_accuracy(data_dir) < 0.3 < 0.8 < scores(mode_dir)[-1]
@@ -107,7 +107,7 @@ def test_esync_fast_worker_runs_about_four_local_steps_per_slow_one(tmp_path,
                                                                     fashion_dir_factory):
     data_dir = fashion_dir_factory(train_per_class=100, test_per_class=30)
     run_cluster(tmp_path, data_dir, "-m", "esync", "--workers", 2, "--slowdown", "1,4",
-                "-ll", 0.05, "-b", 32, "--max-rounds", 20, "-e", 5, "--max-seconds", 0)
+                "-ll", 0.05 / 32, "-b", 32, "--max-rounds", 20, "-e", 5, "--max-seconds", 0)
     mode_dir = tmp_path / "lenet" / "esync"
     logs = device_logs(mode_dir)
     fast = [r["k"] for r in logs["cpu0"][2:]]            # the first rounds calibrate c
@@ -138,7 +138,7 @@ def test_state_token_is_never_written_to_disk(tmp_path, small_data):
 
 def test_batch_norm_network_trains_through_the_parameter_server(tmp_path, small_data):
     run_cluster(tmp_path, small_data, "-m", "esync", "--local-iters", 2, "-n", "resnet18-v1",
-                "--workers", 2, "-b", 4, "-ll", 0.01, "--max-rounds", 2, "-e", 2,
+                "--workers", 2, "-b", 4, "-ll", 0.01 / 4, "--max-rounds", 2, "-e", 2,
                 "--max-seconds", 0, "--no-evaluator")
     store = CheckpointStore(tmp_path / "resnet18-v1" / "esync" / "checkpoints")
     _, arrays = store.load(store.path_for(2), network="resnet18-v1")

@@ -1,4 +1,8 @@
-"""Synchronous SGD (SSGD): every iteration, push gradients, pull their sum, step with lr*sum/N."""
+"""Synchronous SGD (SSGD): every iteration, push gradients, pull their sum, step with lr*sum/N.
+
+As in the original, each worker's gradient is summed over its batch, so one step moves by
+``-l`` x (sum over workers of the batch-summed gradients) / N.
+"""
 from esync.algorithms.base import Algorithm, grads
 
 
@@ -13,9 +17,8 @@ class SyncSGD(Algorithm):
     def aggregate(self, record, want_stop: bool) -> bool:
         w = self.worker
         with record.phase("global aggregate"):
-            # Gradients are sums over the batch; pulling into the gradient buffers leaves the
-            # sum over all workers there, and step(B*N) divides it back to a mean.
+            # Pulling into the gradient buffers leaves the sum over all workers there.
             stop = self.exchange(self.grads, self.grads, w.keys.trainable, want_stop)
         with record.phase("local update"):
-            self.trainer.step(self.args.batch_size * w.num_workers)
+            self.trainer.step(w.num_workers)
         return stop
