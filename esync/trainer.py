@@ -207,16 +207,24 @@ class TrainingLoop:
         return self.evaluations.poll()
 
     def _warm_up(self) -> float:
-        """One step on a dummy batch: compiles the graph, gives the first c_i, uses no data."""
+        """One step on a dummy batch: compiles the graph, gives the first c_i, uses no data.
+
+        The training-mode forward pass would move batch-norm running statistics towards the
+        dummy batch's, so they are put back afterwards.
+        """
         size = models.input_size(self.args.network)
         data_ = mx.nd.zeros((self.args.batch_size, 1, size, size), ctx=self.w.ctx)
         label = mx.nd.zeros((self.args.batch_size,), ctx=self.w.ctx)
+        saved = [p.data().copy() for p in self.w.aux]
         start = time.perf_counter()
         with autograd.record():
             loss = self.loss_fn(self.w.net(data_), label)
         loss.backward()
         mx.nd.waitall()
-        return (time.perf_counter() - start) * self.args.slowdown
+        seconds = (time.perf_counter() - start) * self.args.slowdown
+        for p, value in zip(self.w.aux, saved):
+            p.set_data(value)
+        return seconds
 
     def _local_phase(self, record: RoundRecord, last_c: float):
         k, loss_sum = 0, 0.0
@@ -232,7 +240,7 @@ class TrainingLoop:
                 with autograd.record():
                     loss = self.loss_fn(self.w.net(x), y)
                 loss.backward()
-            self.algo.local_step(record, self.args.batch_size)
+            self.algo.local_step(record)
             if self.args.slowdown > 1:
                 busy = record.current()
                 work = busy.get("forward and backward", 0.0) + busy.get("local update", 0.0)
