@@ -58,6 +58,13 @@ def _flag01(text):
     return int(text)
 
 
+def _split(text):
+    from esync.data import SPLITS
+    if text not in {str(k) for k in SPLITS}:
+        raise argparse.ArgumentTypeError(f"must be {', '.join(map(str, SPLITS))}, got {text}")
+    return int(text)
+
+
 def _epsilon(text):
     if text == "auto":
         return text
@@ -76,6 +83,7 @@ def _typed(kind, text, what):
 
 def add_training_args(parser: argparse.ArgumentParser) -> None:
     """The original ESync's flags, same short and long names, defaults from config.py."""
+    from esync.data import SPLITS
     from esync.models import NETWORKS
     g = parser.add_argument_group("training (the original ESync's flags)")
     g.add_argument("-l", "--learning-rate", type=_positive_float, default=config.learning_rate,
@@ -100,8 +108,8 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
                    help="synchronization algorithm")
     g.add_argument("-dcasgd", "--use-dcasgd", type=_flag01, default=config.use_dcasgd,
                    help="1: DC-ASGD optimizer on the server (with -m async)")
-    g.add_argument("-s", "--split-by-class", type=_flag01, default=config.split_by_class,
-                   help="1: each worker gets a contiguous block of class-sorted data (non-i.i.d.)")
+    g.add_argument("-s", "--split-by-class", type=_split, default=config.split_by_class,
+                   help="; ".join(f"{k}: {v}" for k, v in SPLITS.items()))
     g.add_argument("-ip", "--state-server-ip", default=config.state_server_ip,
                    help="ESync state server host")
     g.add_argument("-port", "--state-server-port", type=_port,

@@ -77,11 +77,11 @@ def _connect(algo_cls, args):
 
 def _shard(args, rank: int, num_workers: int) -> data.BatchStream:
     images, labels = data.load_fashion_mnist(args.data_dir, "train")
-    index = data.partition(labels, num_workers, rank, by_class=bool(args.split_by_class),
-                           seed=args.seed)
+    index, shuffle = data.training_shard(labels, num_workers, rank, args.split_by_class,
+                                         seed=args.seed)
     return data.BatchStream(images[index], labels[index], args.batch_size,
                             models.input_size(args.network), resolve_context(args),
-                            seed=args.seed * 1000 + rank)
+                            seed=args.seed * 1000 + rank, shuffle=shuffle)
 
 
 def _device_name(args, rank: int) -> str:

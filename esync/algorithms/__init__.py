@@ -22,9 +22,13 @@ def algorithm_class(mode: str, use_dcasgd: int = 0) -> type[Algorithm]:
 
 
 def mode_dir_name(mode: str, use_dcasgd: int = 0, split_by_class: int = 0) -> str:
-    """Log folder of a mode, as the original's analysis tools expect (``dcasgd``, ``-niid``)."""
+    """Log folder of a mode, as the original's analysis tools expect (``dcasgd``, ``-niid``).
+
+    ``-s 2`` (class blocks reshuffled, milder than the original's ``-s 1``) gets its own
+    ``-niid-shuffled`` folder, so its logs never mix with the original's setting.
+    """
     name = "dcasgd" if (mode == "async" and use_dcasgd) else mode
-    return name + ("-niid" if split_by_class else "")
+    return name + {0: "", 1: "-niid", 2: "-niid-shuffled"}[split_by_class]
 
 
 __all__ = ["Algorithm", "Worker", "MODES", "algorithm_class", "mode_dir_name"]
