@@ -65,6 +65,12 @@ def _split(text):
     return int(text)
 
 
+def _eval_every(text):
+    if text == "auto":
+        return text
+    return _positive_int(text)
+
+
 def _epsilon(text):
     if text == "auto":
         return text
@@ -102,8 +108,10 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
                    metavar="NETWORK", help=f"one of {', '.join(NETWORKS)}")
     g.add_argument("-ld", "--log-dir", default=config.log_dir,
                    help="logs go to LOG_DIR/NETWORK/MODE/HOST/DEVICE/iter-N.txt")
-    g.add_argument("-e", "--eval-duration", type=_positive_int, default=config.eval_duration,
-                   help="evaluate (checkpoint) every this many rounds")
+    g.add_argument("-e", "--eval-duration", type=_eval_every, default=config.eval_duration,
+                   help="evaluate (checkpoint) every this many rounds; 'auto': every round in a "
+                        "cluster, and in -m local as often as keeps scoring the test set to about "
+                        "10%% of the wall time")
     g.add_argument("-m", "--mode", default=config.mode, choices=["esync", "sync", "async", "local"],
                    help="synchronization algorithm")
     g.add_argument("-dcasgd", "--use-dcasgd", type=_flag01, default=config.use_dcasgd,
@@ -122,7 +130,10 @@ def add_run_args(parser: argparse.ArgumentParser, *, one_worker: bool = True) ->
     g.add_argument("--max-rounds", type=_non_negative_int, default=config.max_rounds,
                    help="stop after this many rounds (0: no limit)")
     g.add_argument("--max-seconds", type=_non_negative_float, default=config.max_seconds,
-                   help="stop after this much training time (0: no limit)")
+                   help="stop after this much wall time, then evaluate once more (0: no limit)")
+    g.add_argument("--max-train-seconds", type=_non_negative_float, default=0.0,
+                   help="stop after this much training time: the logs' total_time, which in "
+                        "-m local leaves out the inline scoring of the test set (0: no limit)")
     g.add_argument("--target-accuracy", type=_accuracy, default=config.target_accuracy,
                    help="stop once the test accuracy reaches this (0: never)")
     g.add_argument("--seed", type=_non_negative_int, default=config.seed,
@@ -168,6 +179,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         raise UsageError("argument -dcasgd/--use-dcasgd: needs -m async")
     if args.resume and args.overwrite:
         raise UsageError("--resume and --overwrite exclude each other")
+    if args.eval_duration == "auto" and args.mode != "local":
+        args.eval_duration = 1    # a cluster checkpoints every round; its evaluator scores them
     return args
 
 
