@@ -58,6 +58,19 @@ def _flag01(text):
     return int(text)
 
 
+def _split(text):
+    from esync.data import SPLITS
+    if text not in {str(k) for k in SPLITS}:
+        raise argparse.ArgumentTypeError(f"must be {', '.join(map(str, SPLITS))}, got {text}")
+    return int(text)
+
+
+def _eval_every(text):
+    if text == "auto":
+        return text
+    return _positive_int(text)
+
+
 def _epsilon(text):
     if text == "auto":
         return text
@@ -76,6 +89,7 @@ def _typed(kind, text, what):
 
 def add_training_args(parser: argparse.ArgumentParser) -> None:
     """The original ESync's flags, same short and long names, defaults from config.py."""
+    from esync.data import SPLITS
     from esync.models import NETWORKS
     g = parser.add_argument_group("training (the original ESync's flags)")
     g.add_argument("-l", "--learning-rate", type=_positive_float, default=config.learning_rate,
@@ -97,14 +111,16 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
                    metavar="NETWORK", help=f"one of {', '.join(NETWORKS)}")
     g.add_argument("-ld", "--log-dir", default=config.log_dir,
                    help="logs go to LOG_DIR/NETWORK/MODE/HOST/DEVICE/iter-N.txt")
-    g.add_argument("-e", "--eval-duration", type=_positive_int, default=config.eval_duration,
-                   help="evaluate (checkpoint) every this many rounds")
+    g.add_argument("-e", "--eval-duration", type=_eval_every, default=config.eval_duration,
+                   help="evaluate (checkpoint) every this many rounds; 'auto': every round in a "
+                        "cluster, and in -m local as often as keeps scoring the test set to about "
+                        "10%% of the wall time")
     g.add_argument("-m", "--mode", default=config.mode, choices=["esync", "sync", "async", "local"],
                    help="synchronization algorithm")
     g.add_argument("-dcasgd", "--use-dcasgd", type=_flag01, default=config.use_dcasgd,
                    help="1: DC-ASGD optimizer on the server (with -m async)")
-    g.add_argument("-s", "--split-by-class", type=_flag01, default=config.split_by_class,
-                   help="1: each worker gets a contiguous block of class-sorted data (non-i.i.d.)")
+    g.add_argument("-s", "--split-by-class", type=_split, default=config.split_by_class,
+                   help="; ".join(f"{k}: {v}" for k, v in SPLITS.items()))
     g.add_argument("-ip", "--state-server-ip", default=config.state_server_ip,
                    help="ESync state server host")
     g.add_argument("-port", "--state-server-port", type=_port,
@@ -117,7 +133,10 @@ def add_run_args(parser: argparse.ArgumentParser, *, one_worker: bool = True) ->
     g.add_argument("--max-rounds", type=_non_negative_int, default=config.max_rounds,
                    help="stop after this many rounds (0: no limit)")
     g.add_argument("--max-seconds", type=_non_negative_float, default=config.max_seconds,
-                   help="stop after this much training time (0: no limit)")
+                   help="stop after this much wall time, then evaluate once more (0: no limit)")
+    g.add_argument("--max-train-seconds", type=_non_negative_float, default=0.0,
+                   help="stop after this much training time: the logs' total_time, which in "
+                        "-m local leaves out the inline scoring of the test set (0: no limit)")
     g.add_argument("--target-accuracy", type=_accuracy, default=config.target_accuracy,
                    help="stop once the test accuracy reaches this (0: never)")
     g.add_argument("--seed", type=_non_negative_int, default=config.seed,
@@ -163,6 +182,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         raise UsageError("argument -dcasgd/--use-dcasgd: needs -m async")
     if args.resume and args.overwrite:
         raise UsageError("--resume and --overwrite exclude each other")
+    if args.eval_duration == "auto" and args.mode != "local":
+        args.eval_duration = 1    # a cluster checkpoints every round; its evaluator scores them
     return args
 
 

@@ -53,15 +53,28 @@ def resolve_context(args) -> mx.Context:
 
 
 class StopCriteria:
+    """--max-seconds bounds the wall time; --max-train-seconds the training time.
+
+    The two differ only in standalone mode, where the test set is scored inside the loop
+    (in a cluster the evaluator scores checkpoints in its own process).
+    """
+
     def __init__(self, args):
         self.max_rounds, self.max_seconds = args.max_rounds, args.max_seconds
+        self.max_train_seconds = getattr(args, "max_train_seconds", 0.0)
         self.target = args.target_accuracy
 
-    def reached(self, round_no: int, elapsed: float, latest_accuracy) -> bool:
+    def reached(self, round_no: int, training: float, wall: float, latest_accuracy) -> bool:
         return bool((self.max_rounds and round_no >= self.max_rounds)
-                    or (self.max_seconds and elapsed >= self.max_seconds)
+                    or (self.max_seconds and wall >= self.max_seconds)
+                    or (self.max_train_seconds and training >= self.max_train_seconds)
                     or (self.target and latest_accuracy is not None
                         and latest_accuracy >= self.target))
+
+
+# Standalone -e auto: score the test set again once the training since the last score is
+# this many times the last score's duration, so scoring takes about 1/(1+N) of the wall time.
+AUTO_EVAL_TRAIN_PER_EVAL = 9
 
 
 def _connect(algo_cls, args):
@@ -73,11 +86,11 @@ def _connect(algo_cls, args):
 
 def _shard(args, rank: int, num_workers: int) -> data.BatchStream:
     images, labels = data.load_fashion_mnist(args.data_dir, "train")
-    index = data.partition(labels, num_workers, rank, by_class=bool(args.split_by_class),
-                           seed=args.seed)
+    index, shuffle = data.training_shard(labels, num_workers, rank, args.split_by_class,
+                                         seed=args.seed)
     return data.BatchStream(images[index], labels[index], args.batch_size,
                             models.input_size(args.network), resolve_context(args),
-                            seed=args.seed * 1000 + rank)
+                            seed=args.seed * 1000 + rank, shuffle=shuffle)
 
 
 def _device_name(args, rank: int) -> str:
@@ -165,11 +178,13 @@ class TrainingLoop:
         self.standalone = worker.channel is None
         if self.standalone:
             self.test_set = data.load_fashion_mnist(self.args.data_dir, "test")
+        self.last_eval = None          # (training seconds when scored, seconds the scoring took)
 
     def run(self, done_rounds: int, spent: float, samples: int) -> int:
         args, w = self.args, self.w
         last_c = self._warm_up()
-        clock0 = time.perf_counter() - spent
+        clock0 = time.perf_counter() - spent       # training clock: inline scoring is taken out
+        wall0 = clock0                             # wall clock: everything counts
         total_samples = samples
         last_print = 0.0
         round_no = done_rounds
@@ -183,14 +198,17 @@ class TrainingLoop:
             requests0 = self.algo.state_requests()
             k, last_c, loss = self._local_phase(record, last_c)
             w.samples_this_round = record.num_samples
-            elapsed = time.perf_counter() - clock0
-            want_stop = self.criteria.reached(round_no, elapsed, self._latest_accuracy())
+            now = time.perf_counter()
+            elapsed = now - clock0
+            want_stop = self.criteria.reached(round_no, elapsed, now - wall0,
+                                              self._latest_accuracy())
             stop = self.algo.aggregate(record, want_stop)
             round_samples = self.algo.global_samples
             total_samples += record.num_samples if round_samples is None else round_samples
             acc = self._evaluate_inline(record, round_no, stop, elapsed)
             clock0 += record.seconds("evaluation")   # standalone: scoring is not training time
             elapsed = time.perf_counter() - clock0
+            wall = time.perf_counter() - wall0
             pushed, pulled = w.channel.counters() if w.channel else (0, 0)
             compute = record.seconds(*COMPUTE_PHASES)
             record.extras = {
@@ -200,7 +218,9 @@ class TrainingLoop:
                 "bytes_pushed": pushed - pushed0, "bytes_pulled": pulled - pulled0,
                 "slowdown": args.slowdown, "rank": w.rank,
                 "state_requests": self.algo.state_requests() - requests0,
-                "train_loss": round(loss, 5)}
+                "train_loss": round(loss, 5),
+                # total_time is the training time; wall_time adds inline scoring (standalone)
+                "wall_time": round(wall, 6)}
             self.writer.write(record, elapsed, acc)
             self._checkpoint(round_no, elapsed, total_samples, stop)
             now = time.perf_counter()
@@ -214,7 +234,8 @@ class TrainingLoop:
         self.algo.close()
         if w.channel is not None:
             w.channel.finish()
-        print(f"{self.prefix} stopped after round {round_no} ({elapsed:.1f}s)", flush=True)
+        print(f"{self.prefix} stopped after round {round_no} (training time {elapsed:.1f}s, "
+              f"wall time {wall:.1f}s)", flush=True)
         return 0
 
     def _latest_accuracy(self):
@@ -269,14 +290,25 @@ class TrainingLoop:
             last_c = time.perf_counter() - start
         return k, last_c, loss_sum / max(k, 1)
 
+    def _evaluation_due(self, round_no: int, stop: bool, elapsed: float) -> bool:
+        if stop:
+            return True
+        if self.args.eval_duration != "auto":
+            return round_no % self.args.eval_duration == 0
+        if self.last_eval is None:
+            return True               # the first round: where the accuracy curve starts
+        scored_at, took = self.last_eval
+        return elapsed - scored_at >= AUTO_EVAL_TRAIN_PER_EVAL * took
+
     def _evaluate_inline(self, record, round_no: int, stop: bool, elapsed: float):
         """Standalone mode only: no evaluator process, so score the model here."""
-        if not self.standalone or not (round_no % self.args.eval_duration == 0 or stop):
+        if not self.standalone or not self._evaluation_due(round_no, stop, elapsed):
             return None
         images, labels = self.test_set
         with record.phase("evaluation"):
             acc = accuracy(self.w.net, images, labels, self.w.ctx,
                            models.input_size(self.args.network))
+        self.last_eval = (elapsed, record.seconds("evaluation"))
         self.evaluations.append({"round": round_no, "total_time": round(elapsed, 6),
                                  "accuracy": round(acc, 5),
                                  "samples": round_no * self.args.batch_size})
