@@ -112,9 +112,11 @@ class StateClient:
         """The live state of the job (every worker's k, c, ready, round)."""
         return self._request("GET", self._path(""))
 
-    def history(self, *, run: int | None = None) -> dict:
-        """Closed rounds of the job as persisted by the server."""
-        params = {} if run is None else {"run": run}
+    def history(self, *, run: int | None = None, since: int | None = None,
+                limit: int | None = None) -> dict:
+        """Closed rounds of the job as persisted by the server (``since``: first round)."""
+        params = {name: value for name, value in (("run", run), ("since", since),
+                                                  ("limit", limit)) if value is not None}
         return self._request("GET", self._path("history"), params=params)
 
     def close(self) -> None:
