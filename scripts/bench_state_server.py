@@ -15,9 +15,11 @@ Protocols (each the trainer's real sequence of calls; compute is simulated by sl
 
 ``rounds`` (planned policy, the default): no worker calls HTTP in a round. After each round's
     exchange rank 0 hands every worker's (k, c) to a background thread, which posts them to
-    ``/jobs/<job>/rounds/`` and keeps the newest plan; rank 0 puts that plan into its next push.
-    The critical path is rank 0's hand-off and read of the newest plan; the other workers wait
-    on nothing. One request per round for the whole job.
+    ``/jobs/<job>/rounds/`` (every round still pending in one call when it fell behind) and
+    keeps the newest plan; rank 0 puts that plan into its next push. The critical path is rank
+    0's hand-off and read of the newest plan; the other workers wait on nothing. At most one
+    request per round for the whole job; ``plan_age_rounds`` tells how many rounds old the plan
+    in use was.
 ``legacy`` (planned policy, the original client's two calls): every worker calls ``/plan/`` at
     the start of a round and ``/reset/`` after the exchange. 2 N requests per round.
 ``apply`` (dynamic policy): every worker calls ``/apply/`` before each local iteration and
@@ -115,6 +117,7 @@ class Recorder:
         self.lock = threading.Lock()
         self.latency: dict[str, list[float]] = defaultdict(list)
         self.critical: list[float] = []
+        self.critical_rank0: list[float] = []
         self.errors: list[str] = []
 
     def call(self, endpoint: str, function, *args):
@@ -148,6 +151,8 @@ class RoundReporter:
         self.client, self.recorder = client, recorder
         self.queue: queue.Queue = queue.Queue()
         self.plan, self.plan_round = [1] * num_workers, 0
+        # Rounds per call when catching up: at most 64, and well under the 2 MiB body limit.
+        self.batch_limit = max(1, min(64, 1_500_000 // (30 * num_workers + 64)))
         self.lock = threading.Lock()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -164,12 +169,20 @@ class RoundReporter:
         self.thread.join(timeout)
 
     def _run(self) -> None:
-        while (item := self.queue.get()) is not None:
-            t, ks, cs = item
-            plan = self.recorder.call("rounds", self.client.report_round, t, ks, cs)
-            if plan is not None:
+        done = False
+        while not done:
+            batch = [self.queue.get()]
+            while len(batch) < self.batch_limit and not self.queue.empty():
+                batch.append(self.queue.get())           # fell behind: catch up in one call
+            if batch[-1] is None:
+                batch.pop()
+                done = True
+            if not batch:
+                continue
+            answer = self.recorder.call("rounds", self.client.report_rounds, batch)
+            if answer is not None:
                 with self.lock:
-                    self.plan, self.plan_round = plan, t
+                    self.plan_round, self.plan = answer
 
 
 def run_rounds_protocol(url: str, args, recorder: Recorder) -> dict:
@@ -188,6 +201,7 @@ def run_rounds_protocol(url: str, args, recorder: Recorder) -> dict:
         reporter.submit(t, ks, cs)
         plan_round, plan = reporter.newest_plan()
         recorder.add_critical(time.perf_counter() - started)
+        recorder.critical_rank0.append(recorder.critical[-1])
         for _ in range(n - 1):
             recorder.add_critical(0.0)                             # the others wait on nothing
         staleness.append(t - plan_round)
@@ -311,6 +325,8 @@ def bench(url: str, args) -> dict:
             "critical_path_ms_p50": critical.get("p50_ms"),
             "critical_path_ms_p99": critical.get("p99_ms"),
             "critical_path_ms_mean": critical.get("mean_ms"),
+            **({"critical_path_rank0_ms": summary_ms(recorder.critical_rank0)}
+               if recorder.critical_rank0 else {}),
             "endpoints": {name: summary_ms(values)
                           for name, values in sorted(recorder.latency.items())},
             **extra}

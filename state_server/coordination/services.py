@@ -256,9 +256,9 @@ def worker_enter_round(*, job: str, rank: int, round: int) -> dict:
     return {"round": entry.current_round}
 
 
-def job_report_round(*, job: str, t: int, k: list, c: list) -> dict:
-    """Rank 0's report of round ``t`` (every worker's k and c): committed, then the plan."""
+def job_report_rounds(*, job: str, reports: list) -> dict:
+    """Rank 0's report(s) of rounds (every worker's k and c): committed, then the last plan."""
     live = job_live(name=job)
-    report = live.report_round(t, k, c)
+    report = live.report_rounds(reports)
     persister.persist(live)
     return {"t": report.t, "plan": report.plan}
