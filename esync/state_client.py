@@ -28,6 +28,8 @@ import time
 import requests
 import urllib3
 
+from esync.errors import UserError
+
 BACKOFF_FIRST = 0.05     # seconds before the first retry; doubles each time
 BACKOFF_MAX = 2.0        # longest pause between two tries
 
@@ -46,7 +48,7 @@ TRANSPORT_ERRORS = (requests.RequestException, urllib3.exceptions.HTTPError,
                     http.client.HTTPException, ConnectionError, TimeoutError)
 
 
-class StateServerError(RuntimeError):
+class StateServerError(UserError, RuntimeError):
     """The state server refused a call (4xx), or stayed unreachable for ``retry_for`` seconds."""
 
     def __init__(self, message: str, *, status: int | None = None, field: str | None = None):
