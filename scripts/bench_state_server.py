@@ -28,8 +28,9 @@ Protocols (each the trainer's real sequence of calls; compute is simulated by sl
 
 Figures: ``critical_path_ms_p50``/``_p99`` (per worker and round, the time spent waiting on
 coordination), ``requests_per_round``, ``errors``, ``requests_per_s``, per-endpoint latency
-(p50, p99, mean, count). Clients and server share this machine's cores, so under contention the
-figures are an upper bound on latency.
+(p50, p99, mean, count), and the server's CPU time per request and per round (the capacity of
+one server core). Clients and server share this machine's cores, so under contention the
+latencies are an upper bound.
 """
 from __future__ import annotations
 
@@ -332,6 +333,22 @@ def bench(url: str, args) -> dict:
             **extra}
 
 
+def process_tree_cpu_seconds(root: int) -> float:
+    """CPU time (user + system) of ``root`` and its children so far (gunicorn and its worker)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(entry.name) == root or int(fields[1]) == root:      # fields[1]: the parent pid
+            total += (int(fields[11]) + int(fields[12])) / tick     # utime, stime
+    return total
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="esync-state-bench-") as folder:
@@ -339,9 +356,16 @@ def main(argv=None) -> int:
                                   log_path=Path(folder, "server.log"), threads=args.server_threads)
         try:
             wait_until_up(proc.url, timeout=60, proc=proc)
+            cpu_before = process_tree_cpu_seconds(proc.pid)
             report = bench(proc.url, args)
+            server_cpu = process_tree_cpu_seconds(proc.pid) - cpu_before
         finally:
             stop(proc)
+    # CPU time is far less sensitive to a busy machine than latency: it tells what one request
+    # and one round cost the server, hence how many workers one server core sustains.
+    report["server_cpu_s"] = round(server_cpu, 3)
+    report["server_cpu_ms_per_request"] = round(server_cpu * 1e3 / max(1, report["requests"]), 3)
+    report["server_cpu_ms_per_round"] = round(server_cpu * 1e3 / args.rounds, 3)
     report.update({"server": "gunicorn gthread, 1 process", "server_threads": args.server_threads,
                    "cpus": os.cpu_count(), "python": platform.python_version(),
                    "command": "python scripts/bench_state_server.py " + " ".join(
@@ -351,7 +375,8 @@ def main(argv=None) -> int:
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps({key: report[key] for key in (
         "policy", "protocol", "workers", "rounds", "errors", "requests_per_round",
-        "requests_per_s", "critical_path_ms_p50", "critical_path_ms_p99")}))
+        "requests_per_s", "critical_path_ms_p50", "critical_path_ms_p99",
+        "server_cpu_ms_per_request", "server_cpu_ms_per_round")}))
     print(f"wrote {out}")
     return 0 if report["errors"] == 0 else 1
 
