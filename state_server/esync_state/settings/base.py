@@ -50,9 +50,9 @@ TIME_ZONE = "UTC"
 USE_I18N = False
 
 # Requests are a handful of numbers; anything larger is refused with 413 before it is parsed.
-# A round report carries two numbers per worker (up to 4096 workers).
+# A round report carries two numbers per worker (up to 4096 workers), a batch up to 64 rounds.
 ESYNC_STATE_MAX_BODY = 4096
-ESYNC_STATE_MAX_ROUNDS_BODY = 256 * 1024
+ESYNC_STATE_MAX_ROUNDS_BODY = 2 * 1024 * 1024
 DATA_UPLOAD_MAX_MEMORY_SIZE = ESYNC_STATE_MAX_ROUNDS_BODY
 DATA_UPLOAD_MAX_NUMBER_FIELDS = 32
 
