@@ -73,10 +73,12 @@ class Launchers:
 
     def __call__(self, *argv, env=None, cwd=None):
         # The tag is inherited by every process the launcher starts (scheduler and servers name
-        # no folder on their command line), so `processes_of(folder)` finds them all.
+        # no folder on their command line), so `processes_of(folder)` finds them all. The
+        # launcher dies with pytest (and its cluster with it) even if pytest is SIGKILLed.
+        from esync.procs import die_with_parent
         proc = subprocess.Popen([sys.executable, "-m", "esync.launch", *map(str, argv)],
                                 cwd=cwd or REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, start_new_session=True,
+                                text=True, start_new_session=True, preexec_fn=die_with_parent,
                                 env=dict(os.environ, PYTHONUNBUFFERED="1",
                                          ESYNC_TEST_FOLDER=str(self.folder), **(env or {})))
         self.started.append(proc)
