@@ -8,7 +8,8 @@
 
 The server is one gunicorn process with threads (``gthread``): the live decision state of every
 job is in that process's memory, so it must never run several worker processes. Migrations run
-first (synchronously), so a fresh database file just works. The process gets its own process
+first (synchronously; the WSGI app also applies pending ones when it loads, so a server started
+by hand on a fresh database works too). The process gets its own process
 group: ``stop`` ends gunicorn's arbiter and its worker together, ``stop(proc, hard=True)`` kills
 them at once (what a crash looks like; the tests use it). Children die with the process that
 started them (PR_SET_PDEATHSIG), so a SIGKILLed launcher leaves no server behind.
@@ -103,7 +104,9 @@ def gunicorn_command(host: str, port: int, threads: int = DEFAULT_THREADS,
     return [python, "-m", "gunicorn", "esync_state.wsgi:application",
             "--chdir", str(SERVER_DIR), "--pythonpath", str(SERVER_DIR.parent),
             "--bind", _bind_address(host, port),
-            "--workers", "1", "--worker-class", "gthread", "--threads", str(threads),
+            "--workers", "1", "--threads", str(threads),
+            # gthread, answering the requests gunicorn itself rejects with JSON, not HTML
+            "--worker-class", "esync_state.gunicorn_worker.JsonErrorThreadWorker",
             "--keep-alive", "30", "--graceful-timeout", "5", "--timeout", "60",
             "--no-control-socket", "--error-logfile", "-", "--log-level", "warning"]
 

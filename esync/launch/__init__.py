@@ -42,8 +42,11 @@ from esync.procs import free_port, port_is_free
 __all__ = ["CLUSTER_DEFAULTS", "MAIN", "REPO", "build_parser", "main", "worker_argv"]
 
 # The main job's defaults differ from main.py's (which keep the original's): a small network that
-# trains in minutes on a CPU, learning rates that suit it, and a time budget.
-CLUSTER_DEFAULTS = dict(network="lenet", cpu=1, learning_rate=0.05, local_lr=0.05,
+# trains in minutes on a CPU, learning rates that suit it, and a time budget. Learning rates have
+# the original's meaning (x the gradient summed over the batch): 0.05 / 64 is a step of 0.05 on
+# the mean gradient of a 64-sample batch.
+CLUSTER_LR = 0.05 / 64
+CLUSTER_DEFAULTS = dict(network="lenet", cpu=1, learning_rate=CLUSTER_LR, local_lr=CLUSTER_LR,
                         eval_duration=10, max_seconds=90.0, mode="esync")
 STATE_SERVER_RESTARTS = 3        # a state server that keeps dying is a failure, not a blip
 DEFAULT_SLOWDOWN = "1,1,4,8"      # DESIGN.md's emulated cluster: two fast, one 4x, one 8x slower
@@ -234,9 +237,8 @@ def _format_view(view) -> str:
 
 
 def _mode_dir(args) -> Path:
-    from esync.algorithms import mode_dir_name
-    return (Path(args.log_dir) / args.network
-            / mode_dir_name(args.mode, args.use_dcasgd, args.split_by_class))
+    from esync.modes import mode_dir
+    return mode_dir(args)
 
 
 def _check_before_start(args) -> None:
