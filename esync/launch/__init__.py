@@ -190,8 +190,7 @@ class LocalCluster:
             raise RuntimeError(str(exc)) from None
         if found is None:
             print("esync-cluster: no checkpoint yet; starting the job over", file=sys.stderr)
-            self.config = self.configure(resume=False, overwrite=True)
-            return self.plan()
+            return self._replan(resume=False, overwrite=True)
         done = int(found[1]["round"])
         for log in self.mode_dir.glob("*/*/iter-*.txt"):
             if log.parent.parent.name in ("processes", "checkpoints"):
@@ -200,7 +199,13 @@ class LocalCluster:
                 log.unlink()
         store.clear_done()
         print(f"esync-cluster: resuming from {found[0].name} (round {done})", file=sys.stderr)
-        self.config = self.configure(resume=True, overwrite=False)
+        return self._replan(resume=True, overwrite=False)
+
+    def _replan(self, *, resume: bool, overwrite: bool):
+        try:
+            self.config = self.configure(resume=resume, overwrite=overwrite)
+        except cli.UsageError as exc:           # e.g. a fixed --port taken meanwhile
+            raise RuntimeError(str(exc)) from None
         return self.plan()
 
     def state_view(self) -> str:
