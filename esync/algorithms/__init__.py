@@ -1,5 +1,5 @@
 """Synchronization algorithms, one per module, chosen by the ``-m`` value (and ``-dcasgd``)."""
-from esync.algorithms.base import Algorithm, Worker
+from esync.algorithms.base import Algorithm, AlgorithmConfig, Worker
 
 MODES = ("esync", "sync", "async", "local")
 
@@ -27,4 +27,4 @@ def mode_dir_name(mode: str, use_dcasgd: int = 0, split_by_class: int = 0) -> st
     return name + ("-niid" if split_by_class else "")
 
 
-__all__ = ["Algorithm", "Worker", "MODES", "algorithm_class", "mode_dir_name"]
+__all__ = ["Algorithm", "AlgorithmConfig", "Worker", "MODES", "algorithm_class", "mode_dir_name"]
