@@ -4,51 +4,42 @@ A round is: local iterations while the algorithm says so (one for sync/async/loc
 ESync), then the algorithm's aggregation. Everything mode-specific lives in ``esync.algorithms``.
 """
 import json
-import os
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import mxnet as mx
 from mxnet import autograd, gluon
 
 from esync import data, models
-from esync.algorithms import AlgorithmConfig, Worker, algorithm_class, mode_dir_name
+from esync.algorithms import AlgorithmConfig, Worker, algorithm_class
 from esync.checkpoint import CheckpointError, CheckpointStore
-from esync.cli import UsageError
+from esync.errors import UsageError, guarded
 from esync.evaluator import EvaluationLog, accuracy
-from esync.kvstore import KeyMap, KVChannel, control_length
-from esync.measure import LogDirError, RoundLogWriter, RoundRecord
+from esync.kvstore import KeyMap, KVChannel, control_length, leave_job_at_once
+from esync.fsutil import atomic_write_text
+from esync.measure import RoundLogWriter, RoundRecord
+from esync.modes import mode_dir
 
 COMPUTE_PHASES = ("get_batch", "forward and backward", "local update", "emulated slowdown")
 
 
-def mode_dir(args) -> Path:
-    return (Path(args.log_dir) / args.network
-            / mode_dir_name(args.mode, args.use_dcasgd, args.split_by_class))
-
-
-def guarded(fn) -> int:
-    """Run `fn`, turning the errors a user can fix into one ``error:`` line and exit code 2."""
-    try:
-        return fn()
-    except Exception as exc:
-        if not isinstance(exc, _user_errors()):
-            raise
-        print(f"main.py: error: {exc}", file=sys.stderr, flush=True)
-        return 2
-
-
-def _user_errors() -> tuple:
-    errors = [UsageError, data.DataError, LogDirError, CheckpointError, models.UnknownNetworkError]
-    client = sys.modules.get("esync.state_client")   # imported only by ESync mode
-    if client is not None:
-        errors.append(client.StateServerError)
-    return tuple(errors)
-
-
 def run(args) -> int:
-    return guarded(lambda: train(args))
+    """Train; a worker that fails leaves the job at once with its error printed (see below)."""
+    try:
+        code = guarded(lambda: train(args))
+    except KeyboardInterrupt:
+        print("main.py: interrupted", file=sys.stderr)
+        code = 130
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:       # noqa: B902 - a programming error: its traceback goes to the log
+        traceback.print_exc()
+        code = 1
+    if code != 0 and KVChannel.joined_job:
+        leave_job_at_once(code)   # never sit in ps-lite's exit barrier waiting for the peers
+    return code
 
 
 def resolve_context(args) -> mx.Context:
@@ -203,12 +194,13 @@ class TrainingLoop:
               f"{w.num_workers} worker(s), slow-down x{args.slowdown:g}", flush=True)
         while True:
             round_no += 1
+            w.round_no = round_no
             record = RoundRecord(round_no)
             round_start = time.perf_counter()
             pushed0, pulled0 = w.channel.counters() if w.channel else (0, 0)
             requests0 = self.algo.state_requests()
             k, last_c, loss = self._local_phase(record, last_c)
-            w.round_no, w.round_k, w.round_c = round_no, k, last_c
+            w.round_k, w.round_c = k, last_c
             w.samples_this_round = record.num_samples
             elapsed = time.perf_counter() - clock0
             want_stop = self.criteria.reached(round_no, elapsed, self._latest_accuracy())
@@ -239,6 +231,8 @@ class TrainingLoop:
             if stop:
                 break
         self.algo.close()
+        if w.channel is not None:
+            w.channel.finish()
         print(f"{self.prefix} stopped after round {round_no} ({elapsed:.1f}s)", flush=True)
         return 0
 
@@ -333,9 +327,7 @@ def _jsonable(d: dict) -> dict:
 
 def _write_json(path: Path, content: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(_jsonable(content), indent=1))
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(_jsonable(content), indent=1))
 
 
 def _write_run_config(folder: Path, args, num_workers: int) -> None:

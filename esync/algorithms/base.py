@@ -63,7 +63,7 @@ class Worker:
     rank: int = 0
     num_workers: int = 1
     # Set by the training loop before each aggregation:
-    round_no: int = 0                # the round being aggregated
+    round_no: int = 0                # the round under way
     round_k: int = 0                 # local iterations this worker ran in it
     round_c: float = 0.0             # duration of its last local iteration (seconds)
     samples_this_round: int = 0

@@ -76,7 +76,7 @@ class ESync(Algorithm):
         if cfg.policy == "planned":
             return k < self.next_k
         with record.phase("check ready"):
-            ready = self.client.apply(w.rank, k, last_c)
+            ready = self.client.apply(w.rank, k, last_c, t=w.round_no)
         return k == 0 or not ready
 
     def local_step(self, record) -> None:
