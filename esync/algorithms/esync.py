@@ -29,6 +29,7 @@ from esync.algorithms.base import Algorithm, datas
 from esync.state_client import StateClient
 
 MOMENTUM_STATE = "outer_momentum.{}"     # checkpoint names of the outer optimizer's buffers
+MAX_REPORTS_PER_CALL = 64                # the state server's limit for one batch of round reports
 
 
 class ESync(Algorithm):
@@ -44,6 +45,7 @@ class ESync(Algorithm):
         self.client = self.reporter = None
         self.next_k = 1                      # planned policy: k_i of the coming round
         self.plan_sent = None                # round whose plan rank 0 wrote into the last push
+        self.reported = None                 # rank 0: the control sum it reported last round
         if cfg.local_iters:
             return
         self.client = StateClient(cfg.state_url, job=cfg.job, token=cfg.state_token)
@@ -188,17 +190,38 @@ class PlanReporter:
 
     def _run(self) -> None:
         while True:
-            item = self._queue.get()
-            if item is None:
+            batch = self._take_pending()
+            if not batch:
                 return
-            t, ks, cs = item
             try:
-                plan = self.client.report_round(t, ks, cs)
+                newest = self._report(batch)
             except BaseException as exc:             # handed to the training thread
                 self._error = exc
                 return
             with self._lock:
-                self._newest = (t, [int(k) for k in plan])
+                self._newest = newest
+            if batch[-1] is None:
+                return
+
+    def _take_pending(self) -> list:
+        """The next report, plus whatever queued up behind it (a reporter that fell behind)."""
+        batch = [self._queue.get()]
+        while batch[-1] is not None and len(batch) < MAX_REPORTS_PER_CALL:
+            try:
+                batch.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        return batch if batch[0] is not None else []
+
+    def _report(self, batch: list):
+        reports = [item for item in batch if item is not None]
+        several = getattr(self.client, "report_rounds", None)
+        if len(reports) > 1 and several is not None:
+            t, plan = several(reports)                # one call, one transaction
+        else:
+            for t, ks, cs in reports:
+                plan = self.client.report_round(t, ks, cs)
+        return t, [int(k) for k in plan]
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:
