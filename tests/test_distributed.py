@@ -273,32 +273,32 @@ def test_resume_continues_with_the_outer_momentum(tmp_path, fashion_dir_factory)
 
 @pytest.fixture(scope="module")
 def planned_run(tmp_path_factory, small_data):
-    """A 4-worker ESync run with the planned policy (workers 1x, 1x, 2x, 4x slower)."""
+    """{rank: round logs} of a 4-worker ESync run with the planned policy (1x, 1x, 2x, 4x)."""
     log_dir = tmp_path_factory.mktemp("planned")
     run_cluster(log_dir, small_data, "-m", "esync", "--policy", "planned", "--workers", 4,
                 "--slowdown", "1,1,2,4", "-b", 16, "--max-rounds", 14, "-e", 14,
                 "--max-seconds", 0, "--no-evaluator", timeout=400)
-    return device_logs(log_dir / "lenet" / "esync")
+    return {rounds[0]["rank"]: rounds
+            for rounds in device_logs(log_dir / "lenet" / "esync").values()}
 
 
 def test_planned_policy_keeps_http_off_every_workers_round(planned_run):
     """No worker asks the state server anything during a round; only rank 0's background
     reporter talks to it."""
-    phases = {name: sorted({p for r in rounds for it in r["time"].values() for p in it
+    phases = {rank: sorted({p for r in rounds for it in r["time"].values() for p in it
                             if p in ("check ready", "reset state server")})
-              for name, rounds in planned_run.items()}
-    requests = {name: sum(r["state_requests"] for r in rounds)
-                for name, rounds in planned_run.items() if name != "cpu0"}
-    assert (phases, requests) == ({n: [] for n in planned_run}, {"cpu1": 0, "cpu2": 0, "cpu3": 0})
+              for rank, rounds in planned_run.items()}
+    requests = {rank: sum(r["state_requests"] for r in rounds)
+                for rank, rounds in planned_run.items() if rank != 0}
+    assert (phases, requests) == ({rank: [] for rank in range(4)}, {1: 0, 2: 0, 3: 0})
 
 
 def test_planned_k_per_round_follows_the_policy_for_the_reported_durations(planned_run):
     """Rank 0 logs every round's reported (k, c) and which round's plan it sent to everyone in
     that exchange; the next round's k_i of all workers must be the planned policy's answer
     (esync.policy.plan_round, the state server's own function) for that round's durations."""
-    rank0 = {r["num_iters"]: r for r in planned_run["cpu0"]}
-    ks = {r["num_iters"]: [planned_run[f"cpu{i}"][r["num_iters"] - 1]["k"] for i in range(4)]
-          for r in planned_run["cpu0"]}
+    rank0 = {r["num_iters"]: r for r in planned_run[0]}
+    ks = {r: [planned_run[i][r - 1]["k"] for i in range(4)] for r in rank0}
     used = {r + 1: log["plan_sent_from_round"] for r, log in rank0.items()
             if log.get("plan_sent_from_round") and r + 1 in ks}
     got = {r: ks[r] for r in used}
