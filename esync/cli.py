@@ -175,9 +175,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         raise UsageError("argument -dcasgd/--use-dcasgd: needs -m async")
     if args.resume and args.overwrite:
         raise UsageError("--resume and --overwrite exclude each other")
+    check_esync_options(args)
+    return args
+
+
+def check_esync_options(args) -> None:
+    """Combinations of ESync flags that cannot work (shared by main.py and esync-cluster)."""
     if args.nesterov and not args.outer_momentum:
         raise UsageError("--nesterov needs an --outer-momentum above 0 (DiLoCo uses 0.9)")
-    return args
 
 
 def dmlc_environment(role: str, env=os.environ) -> dict:
