@@ -13,11 +13,11 @@ import mxnet as mx
 from mxnet import autograd, gluon
 
 from esync import data, models
-from esync.algorithms import Worker, algorithm_class
+from esync.algorithms import AlgorithmConfig, Worker, algorithm_class
 from esync.checkpoint import CheckpointError, CheckpointStore
 from esync.errors import UsageError, guarded
 from esync.evaluator import EvaluationLog, accuracy
-from esync.kvstore import KeyMap, KVChannel, leave_job_at_once
+from esync.kvstore import KeyMap, KVChannel, control_length, leave_job_at_once
 from esync.fsutil import atomic_write_text
 from esync.measure import RoundLogWriter, RoundRecord
 from esync.modes import mode_dir
@@ -99,14 +99,15 @@ def _device_name(args, rank: int) -> str:
     return f"cpu{rank}" if args.cpu else f"gpu{args.gpu}"
 
 
-def _start_global_model(worker: Worker, store: CheckpointStore | None, resume: bool):
-    """Rank 0's model (fresh or from the last checkpoint) becomes everyone's starting point.
+def _start_global_model(worker: Worker, algo, store: CheckpointStore | None, args):
+    """Rank 0's model and algorithm state (fresh or from the last checkpoint) become everyone's
+    starting point.
 
     Returns (first round number - 1, training seconds already spent, samples already seen).
     """
-    args, net = worker.args, worker.net
+    net, state = worker.net, algo.state_arrays()
     start = (0, 0.0, 0)
-    if resume and store is not None and worker.rank == 0:
+    if args.resume and store is not None and worker.rank == 0:
         found = store.latest(network=args.network,
                              shapes={k: p.shape for k, p in models.named_parameters(net).items()})
         if found is None:
@@ -114,6 +115,7 @@ def _start_global_model(worker: Worker, store: CheckpointStore | None, resume: b
         path, meta, arrays = found
         from esync.evaluator import load_into
         load_into(net, arrays)
+        _restore_state(state, store.read_state(path), path)
         store.clear_done()
         start = (int(meta["round"]), float(meta["total_time"]), int(meta.get("samples") or 0))
         print(f"[rank 0] resuming from {path.name} (round {start[0]})", flush=True)
@@ -121,13 +123,26 @@ def _start_global_model(worker: Worker, store: CheckpointStore | None, resume: b
         return start
     keys = worker.keys
     values = ([p.data() for p in worker.trainable] + [p.data() for p in worker.aux]
-              + [mx.nd.zeros(2), mx.nd.array(start)])
-    all_keys = keys.trainable + keys.aux + [keys.control, keys.meta]
+              + list(state.values()) + [mx.nd.zeros(control_length(worker.num_workers)),
+                                        mx.nd.array(start)])
+    all_keys = keys.trainable + keys.aux + keys.state + [keys.control, keys.meta]
     worker.channel.init(all_keys, values)
     worker.channel.pull(all_keys[:-2] + [keys.meta], values[:-2] + [values[-1]])
     worker.channel.bytes_pulled = 0
     first, seconds, samples = values[-1].asnumpy().tolist()
     return int(first), float(seconds), int(samples)
+
+
+def _restore_state(state: dict, saved: dict, path) -> None:
+    """Put the algorithm state of a checkpoint back (e.g. ESync's outer momentum)."""
+    for name, array in state.items():
+        if name not in saved:
+            print(f"[rank 0] {path.name} holds no {name}: it starts from zero", flush=True)
+            continue
+        if tuple(saved[name].shape) != tuple(array.shape):
+            raise CheckpointError(f"checkpoint {path}: {name} has shape {saved[name].shape}, "
+                                  f"this run needs {array.shape}")
+        array[:] = saved[name]
 
 
 def train(args) -> int:
@@ -140,8 +155,9 @@ def train(args) -> int:
     stream = _shard(args, rank, num_workers)          # bad data fails before any folder is made
     net = models.build(args.network, ctx, seed=args.seed)
     trainable, aux = models.trainable_and_aux(net)
-    worker = Worker(args=args, ctx=ctx, net=net, trainable=trainable, aux=aux, channel=channel,
-                    keys=KeyMap(len(trainable), len(aux)), rank=rank, num_workers=num_workers)
+    worker = Worker(config=AlgorithmConfig.from_args(args), ctx=ctx, net=net,
+                    trainable=trainable, aux=aux, channel=channel, rank=rank,
+                    num_workers=num_workers)
     device = _device_name(args, rank)
     writer = RoundLogWriter(folder / args.host_name / device, overwrite=args.overwrite,
                             resume=args.resume)
@@ -154,9 +170,10 @@ def train(args) -> int:
                                                     num_workers=num_workers))
     algo = algo_cls(worker)
     algo.prepare()
-    done_rounds, spent, samples = _start_global_model(worker, store, args.resume)
+    worker.keys = KeyMap(len(trainable), len(aux), len(algo.state_arrays()))
+    done_rounds, spent, samples = _start_global_model(worker, algo, store, args)
     algo.setup()
-    loop = TrainingLoop(worker, algo, stream, writer, store, folder, device)
+    loop = TrainingLoop(worker, algo, stream, writer, store, folder, device, args)
     return loop.run(done_rounds, spent, samples)
 
 
@@ -168,9 +185,9 @@ def _forget_earlier_run(folder: Path) -> None:
 
 
 class TrainingLoop:
-    def __init__(self, worker, algo, stream, writer, store, folder, device):
+    def __init__(self, worker, algo, stream, writer, store, folder, device, args):
         self.w, self.algo, self.stream, self.writer, self.store = worker, algo, stream, writer, store
-        self.args = worker.args
+        self.args = args
         self.loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
         self.criteria = StopCriteria(self.args)
         self.evaluations = EvaluationLog(folder / "evaluations.jsonl")
@@ -192,11 +209,13 @@ class TrainingLoop:
               f"{w.num_workers} worker(s), slow-down x{args.slowdown:g}", flush=True)
         while True:
             round_no += 1
+            w.round_no = round_no
             record = RoundRecord(round_no)
             round_start = time.perf_counter()
             pushed0, pulled0 = w.channel.counters() if w.channel else (0, 0)
             requests0 = self.algo.state_requests()
             k, last_c, loss = self._local_phase(record, last_c)
+            w.round_k, w.round_c = k, last_c
             w.samples_this_round = record.num_samples
             now = time.perf_counter()
             elapsed = now - clock0
@@ -220,7 +239,7 @@ class TrainingLoop:
                 "state_requests": self.algo.state_requests() - requests0,
                 "train_loss": round(loss, 5),
                 # total_time is the training time; wall_time adds inline scoring (standalone)
-                "wall_time": round(wall, 6)}
+                "wall_time": round(wall, 6), **self.algo.round_extras()}
             self.writer.write(record, elapsed, acc)
             self._checkpoint(round_no, elapsed, total_samples, stop)
             now = time.perf_counter()
@@ -324,7 +343,8 @@ class TrainingLoop:
             self.store.save(round_no, arrays, {
                 "network": self.args.network, "mode": self.args.mode,
                 "total_time": round(elapsed, 6), "samples": samples,
-                "config": _jsonable(vars(self.args))})
+                "config": _jsonable(vars(self.args))},
+                state={name: a.asnumpy() for name, a in self.algo.state_arrays().items()})
         if stop:
             self.store.mark_done({"round": round_no, "total_time": elapsed})
 

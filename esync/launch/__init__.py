@@ -315,6 +315,7 @@ def main(argv=None) -> int:
             raise cli.UsageError("-m local is one device: run `python main.py -m local ...`")
         if args.resume and args.overwrite:
             raise cli.UsageError("--resume and --overwrite exclude each other")
+        cli.check_esync_options(args)
         _check_before_start(args)
         cluster = LocalCluster(args, parser)
         specs = cluster.plan()
