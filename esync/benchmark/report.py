@@ -309,7 +309,9 @@ def render(args, *, jobs: list[Job], tune_jobs: list[Job], results: dict,
           f"- network `{args.network}`, batch {args.batch_size} per device, data {split}, "
           f"seed {args.seed}",
           f"- the same training-time budget for every run: {args.budget:g} s "
-          "(`--max-seconds`); the evaluator scores every checkpoint off the workers' path",
+          "(`--max-seconds`); the evaluator scores every checkpoint off the workers' path "
+          "(a checkpoint every 10 rounds of esync and sync, every 40 iterations of rank 0 in "
+          "async and dcasgd: about as often in time)",
           f"- ESync rows: one per aggregation rule ({', '.join(a.label for a in args.aggregation_list)}); "
           f"state-server policy {args.policy}",
           "- standalone SGD (`local`): `main.py -m local` on one device at full speed "
