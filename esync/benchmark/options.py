@@ -13,6 +13,7 @@ from pathlib import Path
 import config
 from esync import modes
 from esync.cli import bounded_number
+from esync.errors import UsageError
 
 PROG = "esync-benchmark"
 POLICIES = ("dynamic", "planned", "both")
@@ -24,10 +25,6 @@ DEFAULT_AGGREGATIONS = "mean,fednova,weighted+nesterov=0.9+gl=0.7"
 # mean at -b 64 is 0.00078 summed. Three values a factor ~3.3 apart around it.
 DEFAULT_LR_GRID = "0.0003,0.001,0.003"
 AGGREGATION_RULES = ("mean", "weighted", "fednova")
-
-
-class UsageError(Exception):
-    """A bad option; reported as one ``error:`` line with exit code 2."""
 
 
 class _Parser(argparse.ArgumentParser):

@@ -15,6 +15,7 @@ from esync.benchmark.options import canonical_command
 from esync.benchmark.plan import Job, Setting, default_lr, display_argv
 from esync.benchmark.runs import tail
 from esync.benchmark.shaping import rate_bit_s
+from esync.fsutil import atomic_write_text
 
 FIGURES_DIR = "figures"
 
@@ -380,7 +381,7 @@ def write_outputs(args, text: str, *, jobs, tune_jobs, results, tuning, shaping,
                   command: str, started: datetime, seconds: float) -> Path:
     out = Path(args.out)
     report = out / "report.md"
-    report.write_text(text, encoding="utf-8")
+    atomic_write_text(report, text)
     data = {
         "command": command, "canonical_command": canonical_command(args),
         "started": started.isoformat(timespec="seconds"), "seconds": round(seconds, 1),
@@ -405,7 +406,7 @@ def write_outputs(args, text: str, *, jobs, tune_jobs, results, tuning, shaping,
                   "seconds": round(j.seconds, 1), "folder": str(j.folder), "log": str(j.log),
                   "argv": j.argv} for j in tune_jobs + jobs],
     }
-    (out / "benchmark.json").write_text(json.dumps(data, indent=1), encoding="utf-8")
+    atomic_write_text(out / "benchmark.json", json.dumps(data, indent=1))
     return report
 
 
