@@ -89,6 +89,13 @@ def main(argv=None) -> int:
     tune_jobs = plan.tuning_jobs(args, out, rows, settings[0])
     planned = plan.full_jobs(args, out, rows, settings, chosen_rates(args, rows, None))
     progress = Progress(len(tune_jobs) + len(planned))
+    if rates is not None:
+        measured = rates.get("measured")
+        progress.note(f"shaped links: {','.join(rates['worker'])} per worker host, "
+                      f"{rates['server']} at the server" + (
+                          f" (derived: {measured['model_bytes'] / 1e6:.3g} MB model, "
+                          f"{measured['compute_s'] * 1e3:.1f} ms per iteration here)"
+                          if measured else ""))
     training = sum(j.budget for j in tune_jobs + planned)
     progress.note(f"{len(tune_jobs)} tuning run(s) and {len(planned)} full run(s), "
                   f"{training / 60:.0f} min of training in all; report in {out}")
