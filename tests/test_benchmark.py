@@ -3,7 +3,6 @@ real runs (a local cluster for esync and sync plus standalone SGD; a tuning grid
 SGD) whose report is checked against the logs. No wall-clock time is asserted."""
 import csv
 import json
-import math
 import re
 import subprocess
 import sys

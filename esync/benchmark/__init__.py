@@ -37,7 +37,7 @@ from pathlib import Path
 from esync.benchmark import metrics, plan, report, shaping
 from esync.benchmark.options import PROG, UsageError, canonical_command, parse_args
 from esync.benchmark.plan import child_env
-from esync.benchmark.report import _cell
+from esync.benchmark.report import _cell  # noqa: F401  (the report's cell format, for tests)
 from esync.benchmark.runs import Progress, run_job, tail
 
 __all__ = ["main", "parse_args", "canonical_command", "child_env", "UsageError"]

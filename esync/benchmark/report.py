@@ -12,7 +12,7 @@ from pathlib import Path
 from esync import modes
 from esync.analysis.table import mean_std, time_cell, write_table
 from esync.benchmark.options import canonical_command
-from esync.benchmark.plan import Job, Setting, default_lr, display_argv
+from esync.benchmark.plan import Job, Setting, display_argv
 from esync.benchmark.runs import tail
 from esync.benchmark.shaping import rate_bit_s
 from esync.fsutil import atomic_write_text
@@ -410,4 +410,4 @@ def write_outputs(args, text: str, *, jobs, tune_jobs, results, tuning, shaping,
     return report
 
 
-__all__ = ["render", "write_outputs", "write_tables", "draw", "default_lr"]
+__all__ = ["render", "write_outputs", "write_tables", "draw"]
