@@ -285,6 +285,43 @@ class Topology:
                          for h in self.hosts)
 
 
+CLONE_NEWNET = 0x40000000
+
+
+def call_in(namespace: str, fn, *args, timeout: float | None = None):
+    """Run ``fn(*args)`` in a new thread that lives in `namespace`'s network; return its result.
+
+    Sockets ``fn`` opens belong to that namespace (e.g. an HTTP health check of a server on an
+    emulated host, from the launcher). Only that thread moves: setns(CLONE_NEWNET) acts on the
+    calling thread, so the rest of the process stays where it was.
+    """
+    import ctypes
+    import threading
+    outcome = {}
+
+    def body():
+        try:
+            libc = ctypes.CDLL("libc.so.6", use_errno=True)
+            fd = os.open(f"/run/netns/{namespace}", os.O_RDONLY)
+            try:
+                if libc.setns(fd, CLONE_NEWNET) != 0:
+                    raise NetnsError(f"setns into {namespace}: {os.strerror(ctypes.get_errno())}")
+            finally:
+                os.close(fd)
+            outcome["value"] = fn(*args)
+        except BaseException as exc:          # re-raised in the caller's thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=body, name=f"netns {namespace}", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise TimeoutError(f"call in namespace {namespace} took longer than {timeout} s")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
 def main(argv=None) -> int:
     """``python -m esync.netns list|clean``: show ours, or remove what dead launchers left."""
     parser = argparse.ArgumentParser(prog="python -m esync.netns", description=main.__doc__)

@@ -165,3 +165,14 @@ def test_process_left_inside_a_removed_topology_is_killed(topology):
     sleeper = subprocess.Popen(topo.exec_prefix("ps") + ["sleep", "300"])
     topo.remove()
     assert sleeper.wait(timeout=10) == -signal.SIGKILL
+
+
+@needs_netns
+def test_call_in_opens_sockets_inside_the_namespace_only(topology):
+    topo = topology([netns.Host("ps")])
+
+    def addresses():
+        return sorted(netif.interface_addresses().values())
+
+    assert netns.call_in(topo.namespace("ps"), addresses) == ["127.0.0.1", topo.address("ps")]
+    assert topo.address("ps") not in addresses()      # the calling thread never moved
