@@ -7,13 +7,12 @@ already knows the right one: the source address of a route to ``DMLC_PS_ROOT_URI
 """
 from __future__ import annotations
 
-import fcntl
+import ctypes
+import ctypes.util
 import ipaddress
 import os
 import socket
-import struct
-
-SIOCGIFADDR = 0x8915
+import sys
 
 
 def source_address(host: str, port: int = 9) -> str:
@@ -24,24 +23,45 @@ def source_address(host: str, port: int = 9) -> str:
         return sock.getsockname()[0]
 
 
-def interface_addresses() -> dict[str, str]:
-    """{interface name: its (first) IPv4 address} for every interface that has one."""
-    found = {}
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        for _, name in socket.if_nameindex():
-            request = struct.pack("256s", name.encode()[:15])
-            try:
-                reply = fcntl.ioctl(sock.fileno(), SIOCGIFADDR, request)
-            except OSError:
-                continue                  # no IPv4 address on this interface
-            found[name] = socket.inet_ntoa(reply[20:24])
+class _IfAddrs(ctypes.Structure):
+    pass
+
+
+_IfAddrs._fields_ = [("next", ctypes.POINTER(_IfAddrs)), ("name", ctypes.c_char_p),
+                     ("flags", ctypes.c_uint), ("addr", ctypes.c_void_p),
+                     ("netmask", ctypes.c_void_p), ("ifu", ctypes.c_void_p),
+                     ("data", ctypes.c_void_p)]
+
+
+def interface_addresses() -> list[tuple[str, str]]:
+    """(interface name, IPv4 address) for every address of every interface (getifaddrs(3)).
+
+    Every address, not one per interface: an interface may hold several, and the one the route
+    uses need not be its first (which is all ps-lite itself looks at).
+    """
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    head = ctypes.POINTER(_IfAddrs)()
+    if libc.getifaddrs(ctypes.byref(head)) != 0:
+        raise OSError(ctypes.get_errno(), "getifaddrs failed")
+    found = []
+    try:
+        entry = head
+        while entry:
+            item = entry.contents
+            if item.addr:
+                raw = ctypes.string_at(item.addr, 8)         # sockaddr_in: family, port, addr
+                if int.from_bytes(raw[:2], sys.byteorder) == socket.AF_INET:
+                    found.append((item.name.decode(), socket.inet_ntoa(raw[4:8])))
+            entry = item.next
+    finally:
+        libc.freeifaddrs(head)
     return found
 
 
 def route_interface(host: str) -> tuple[str, str]:
     """(interface name, address) this machine uses to reach `host`."""
     address = source_address(host)
-    for name, owned in interface_addresses().items():
+    for name, owned in interface_addresses():
         if owned == address:
             return name, address
     if ipaddress.ip_address(address).is_loopback:

@@ -172,7 +172,40 @@ def test_call_in_opens_sockets_inside_the_namespace_only(topology):
     topo = topology([netns.Host("ps")])
 
     def addresses():
-        return sorted(netif.interface_addresses().values())
+        return sorted(address for _, address in netif.interface_addresses())
 
     assert netns.call_in(topo.namespace("ps"), addresses) == ["127.0.0.1", topo.address("ps")]
     assert topo.address("ps") not in addresses()      # the calling thread never moved
+
+
+@needs_netns
+def test_worker_announces_the_address_that_routes_to_the_scheduler(topology, fashion_data_dir,
+                                                                    tmp_path):
+    # host0's eth0 lists an unreachable address first: ps-lite's own choice (the first address
+    # of the first non-loopback interface) would announce it and the job would never start.
+    topo = topology([netns.Host("ps"), netns.Host("host0")])
+    ns, own = topo.namespace("host0"), f"{topo.address('host0')}/{topo.subnet.prefixlen}"
+    for command in (["addr", "flush", "dev", "eth0"], ["addr", "add", "10.99.0.1/24", "dev", "eth0"],
+                    ["addr", "add", own, "dev", "eth0"]):
+        subprocess.run(["ip", "-n", ns, *command], check=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DMLC_")}
+    env.update(DMLC_PS_ROOT_URI=topo.address("ps"), DMLC_PS_ROOT_PORT="9000", DMLC_NUM_SERVER="1",
+               DMLC_NUM_WORKER="1", OMP_NUM_THREADS="1")
+    roles = []
+    try:
+        for role in ("scheduler", "server"):
+            roles.append(subprocess.Popen(topo.exec_prefix("ps") + [sys.executable, "main.py"],
+                                          cwd=REPO, env=dict(env, DMLC_ROLE=role),
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        worker = subprocess.run(
+            topo.exec_prefix("host0") + [sys.executable, "main.py", "-m", "sync", "-c", "1",
+                                         "-n", "lenet", "-b", "8", "--max-rounds", "1",
+                                         "--max-seconds", "0", "-ld", str(tmp_path / "logs"),
+                                         "-dd", str(fashion_data_dir)],
+            cwd=REPO, env=dict(env, DMLC_ROLE="worker"), capture_output=True, text=True,
+            timeout=120)
+        assert worker.returncode == 0, worker.stderr[-2000:]
+    finally:
+        for proc in roles:
+            proc.kill()
+            proc.wait()
