@@ -36,6 +36,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from esync.errors import UsageError
+
 PREFIX = "esy"
 SWITCH = "sw"                     # the bridge's namespace suffix (not a valid host name)
 BRIDGE = "br0"
@@ -54,7 +56,11 @@ _instances = itertools.count()
 
 
 class NetnsError(Exception):
-    """The machine cannot host an emulated topology (not root, `ip` missing, a command failed)."""
+    """Building or removing an emulated topology failed (an `ip` or `tc` command said why)."""
+
+
+class NetnsUnavailable(NetnsError, UsageError):
+    """This machine cannot host emulated hosts at all: not root, or iproute2 missing."""
 
 
 def parse_rate(text: str) -> int:
@@ -70,14 +76,14 @@ def parse_rate(text: str) -> int:
 
 
 def check_available() -> None:
-    """Raise NetnsError with one line saying what is missing (root, `ip`, `tc`)."""
+    """Raise NetnsUnavailable with one line saying what is missing (root, `ip`, `tc`)."""
     if os.geteuid() != 0:
-        raise NetnsError("--net netns needs root (network namespaces and tc); run as root or "
-                         "use --net loopback")
+        raise NetnsUnavailable("--net netns needs root (network namespaces and tc); run as "
+                               "root or use --net loopback")
     for tool in ("ip", "tc"):
         if shutil.which(tool) is None:
-            raise NetnsError(f"--net netns needs the `{tool}` command: install iproute2 "
-                             "(apt-get install iproute2) or use --net loopback")
+            raise NetnsUnavailable(f"--net netns needs the `{tool}` command: install "
+                                   "iproute2 (apt-get install iproute2) or use --net loopback")
 
 
 @dataclass(frozen=True)

@@ -209,3 +209,16 @@ def test_worker_announces_the_address_that_routes_to_the_scheduler(topology, fas
         for proc in roles:
             proc.kill()
             proc.wait()
+
+
+def test_without_root_netns_is_refused_naming_root(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(netns.NetnsUnavailable, match="needs root"):
+        netns.check_available()
+
+
+def test_without_ip_netns_is_refused_naming_iproute2(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(netns.NetnsUnavailable, match="install iproute2"):
+        netns.check_available()
