@@ -235,6 +235,9 @@ def main(argv=None) -> int:
     try:
         if role:
             dmlc_environment(role)
+        if role in ("scheduler", "server", "worker"):
+            from esync.netif import choose_dmlc_interface
+            choose_dmlc_interface()     # the interface that routes to the scheduler, if unset
         if role == "evaluator":
             # MXNet starts a ps-lite server at import for any DMLC_ROLE other than worker; the
             # evaluator is no ps-lite node, so the variable must be gone before MXNet loads.
