@@ -89,3 +89,40 @@ def real_fashion_subset(real_fashion_dir, tmp_path_factory):
     return data_dir
 
 # end of foundation fixtures --------------------------------------------------------------------
+
+
+# backends fixtures ------------------------------------------------------------------------------
+# Real daemons the ssh and Slurm backends are tested against (see daemons.py); each is stopped by
+# its process id when the test ends, whatever the outcome.
+
+
+@pytest.fixture
+def sshd(tmp_path):
+    """An sshd on 127.0.0.1 with key auth; ``sshd.ssh_config`` is the client's ``ssh -F`` file."""
+    from daemons import Sshd, why_not_sshd
+
+    reason = why_not_sshd()
+    if reason:
+        pytest.skip(reason)
+    daemon = Sshd(tmp_path / "sshd").start()
+    try:
+        yield daemon
+    finally:
+        daemon.stop()
+
+
+@pytest.fixture
+def slurm():
+    """A single-node Slurm (munged, slurmctld, slurmd); ``slurm.env`` holds its SLURM_CONF."""
+    from daemons import SlurmCluster, why_not_slurm
+
+    reason = why_not_slurm()
+    if reason:
+        pytest.skip(reason)
+    cluster = SlurmCluster().start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+# end of backends fixtures -----------------------------------------------------------------------
