@@ -219,8 +219,8 @@ class SlurmBackend(Backend):
         while (state := self.job.state()) == "PENDING":
             if time.monotonic() - last > 30:
                 last = time.monotonic()
-                self.announce(f"esync-cluster: Slurm job {self.job.id} is pending "
-                              f"({self.job.reason if self.job.reason not in ("", "None") else "queued"})")
+                reason = self.job.reason if self.job.reason not in ("", "None") else "queued"
+                self.announce(f"esync-cluster: Slurm job {self.job.id} is pending ({reason})")
             time.sleep(0.5)
         if state not in ACTIVE:
             raise RuntimeError(f"Slurm job {self.job.id} ended before it ran ({state}); see "
