@@ -124,9 +124,8 @@ def _stop_on_file(role: Role, path: Path) -> None:
 
 
 def _write_exit(path: Path, code: int) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(f"{code}\n")
-    os.replace(tmp, path)
+    from esync.fsutil import atomic_write_text
+    atomic_write_text(path, f"{code}\n")
 
 
 def read_exit(path: Path) -> int | None:

@@ -33,7 +33,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from esync.cli import UsageError
+from esync.errors import UsageError
 from esync.launch.backends.base import Backend, Handle
 from esync.launch.plan import Host, Hosts, RoleSpec
 from esync.launch.runner import device_kind, spec_to_json
@@ -204,6 +204,8 @@ class Manifests:
 
     def write(self, folder: Path, repo: Path) -> list[Path]:
         import yaml
+
+        from esync.fsutil import atomic_write_text
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         written = []
@@ -212,18 +214,21 @@ class Manifests:
             text = f"# esync job {self.name}: written by esync-cluster --backend kubernetes " \
                    f"for Kubernetes {KUBERNETES_VERSION}\n"
             text += "---\n".join(yaml.safe_dump(o, sort_keys=False) for o in objects)
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text(text)
-            if file_name == "secret.yaml":
-                tmp.chmod(0o600)
-            os.replace(tmp, path)
+            if file_name == "secret.yaml":         # the token: readable by its owner only
+                fd = os.open(path.with_name(path.name + ".tmp"),
+                             os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                with os.fdopen(fd, "w") as out:
+                    out.write(text)
+                os.replace(path.with_name(path.name + ".tmp"), path)
+            else:
+                atomic_write_text(path, text)
             written.append(path)
         try:
             rel = os.path.relpath(folder.resolve(), Path(repo).resolve())
         except ValueError:
             rel = str(folder)
-        (folder / "Dockerfile").write_text(DOCKERFILE.format(rel=rel, app=APP_DIR,
-                                                             data=DATA_DIR))
+        atomic_write_text(folder / "Dockerfile", DOCKERFILE.format(rel=rel, app=APP_DIR,
+                                                                   data=DATA_DIR))
         return written
 
 

@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from esync.cli import UsageError
+from esync.errors import UsageError
 from esync.launch.backends.base import Backend, Handle
 from esync.launch.plan import REPO, ClusterConfig, Host, Hosts, RoleSpec, plan_roles
 from esync.launch.runner import read_exit, run

@@ -27,7 +27,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from esync.cli import UsageError
+from esync.errors import UsageError
 from esync.launch.backends.base import Backend, Handle
 from esync.launch.plan import REPO, Host, Hosts, RoleSpec
 from esync.launch.runner import PID_LINE, parse_exit_line
