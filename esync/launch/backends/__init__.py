@@ -1,1 +1,0 @@
-"""Backends start role specs somewhere and hand back handles (see ``base.py``)."""
