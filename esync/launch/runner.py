@@ -204,4 +204,9 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    # Not sys.exit: the thread blocked reading standard input would make the interpreter's
+    # shutdown abort ("could not acquire lock for <stdin>") and replace the exit status.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)

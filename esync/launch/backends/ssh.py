@@ -147,6 +147,22 @@ def check_hosts(ssh: Ssh, lines: list[HostLine], log_dir: Path, data_dir: Path,
         probe.unlink(missing_ok=True)
 
 
+def free_ports(ssh: Ssh, target: str, python: str, count: int = 2) -> list[int]:
+    """Ports free right now on `target` (where the scheduler and the state server will listen)."""
+    probe = ("import socket; s = [socket.socket() for _ in range(%d)]; "
+             "[x.bind(('', 0)) for x in s]; print(*[x.getsockname()[1] for x in s])" % count)
+    done = ssh.run(target, f"{shlex.quote(python)} -c {shlex.quote(probe)}")
+    try:
+        ports = [int(p) for p in done.stdout.split()]
+    except ValueError:
+        ports = []
+    if done.returncode != 0 or len(ports) != count:
+        why = done.stderr.strip() or "no answer"
+        raise UsageError(f"cannot find free ports on {target} ({why}); give --port and "
+                         "--state-port")
+    return ports
+
+
 class SshHandle(Handle):
     def __init__(self, spec: RoleSpec, ssh: Ssh, target: str, remote: str, log: Path):
         super().__init__(spec)
