@@ -104,8 +104,8 @@ class SlurmJob:
         self.env = env
         self._state, self._reason, self._at = "PENDING", "", 0.0
 
-    def state(self) -> str:
-        if self._state in ACTIVE and time.monotonic() - self._at > STATE_POLL:
+    def state(self, fresh: bool = False) -> str:
+        if self._state in ACTIVE and (fresh or time.monotonic() - self._at > STATE_POLL):
             self._at = time.monotonic()
             done = subprocess.run(["squeue", "-h", "-j", self.id, "-o", "%T|%r"],
                                   capture_output=True, text=True)
@@ -121,6 +121,13 @@ class SlurmJob:
     @property
     def reason(self) -> str:
         return self._reason
+
+    def node_names(self) -> list[str]:
+        """The job's nodes in Slurm's order (once it runs)."""
+        nodelist = subprocess.run(["squeue", "-h", "-j", self.id, "-o", "%N"],
+                                  capture_output=True, text=True).stdout.strip()
+        return subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True,
+                              text=True).stdout.split() if nodelist else []
 
     def cancel(self) -> None:
         subprocess.run(["scancel", self.id], capture_output=True)
@@ -156,10 +163,11 @@ class SlurmHandle(Handle):
             text = self.log_path.read_text(errors="replace")
         except OSError:
             text = "(no log: the role did not start)"
-        if read_exit(self.proc_dir / f"{self.name}.exit") is None and \
-                self.job.state() not in ACTIVE:
-            text += f"\n(Slurm job {self.job.id} ended: {self.job.state()} before this role did)"
-        return "\n".join(text.splitlines()[-lines:])
+        text = "\n".join(text.splitlines()[-lines:])
+        state = self.job.state(fresh=True)
+        if state != "RUNNING":           # cancelled (scancel), timed out, a node failed...
+            text += f"\n(Slurm job {self.job.id} is {state})"
+        return text
 
     def describe(self) -> str:
         return f"Slurm job {self.job.id}, {self.job.state().lower()}"
@@ -212,7 +220,12 @@ class SlurmBackend(Backend):
         except BaseException:
             self.close()
             raise
-        return [SlurmHandle(spec, self.job, proc_dir) for spec in specs]
+        # Worker logs go to <log dir>/.../<node's name>/<device>: the supervisor looks there.
+        names = self.job.node_names()
+        named = [dataclasses.replace(s, host=names[int(s.host[4:])])
+                 if s.host.startswith("node") and s.host[4:].isdigit()
+                 and int(s.host[4:]) < len(names) else s for s in specs]
+        return [SlurmHandle(spec, self.job, proc_dir) for spec in named]
 
     def _wait_until_running(self) -> None:
         last = 0.0
