@@ -4,31 +4,42 @@ A round is: local iterations while the algorithm says so (one for sync/async/loc
 ESync), then the algorithm's aggregation. Everything mode-specific lives in ``esync.algorithms``.
 """
 import json
+import sys
 import time
+import traceback
 from pathlib import Path
 
 import mxnet as mx
 from mxnet import autograd, gluon
 
 from esync import data, models
-from esync.algorithms import Worker, algorithm_class, mode_dir_name
+from esync.algorithms import Worker, algorithm_class
 from esync.checkpoint import CheckpointError, CheckpointStore
 from esync.errors import UsageError, guarded
 from esync.evaluator import EvaluationLog, accuracy
-from esync.kvstore import KeyMap, KVChannel
+from esync.kvstore import KeyMap, KVChannel, leave_job_at_once
 from esync.fsutil import atomic_write_text
 from esync.measure import RoundLogWriter, RoundRecord
+from esync.modes import mode_dir
 
 COMPUTE_PHASES = ("get_batch", "forward and backward", "local update", "emulated slowdown")
 
 
-def mode_dir(args) -> Path:
-    return (Path(args.log_dir) / args.network
-            / mode_dir_name(args.mode, args.use_dcasgd, args.split_by_class))
-
-
 def run(args) -> int:
-    return guarded(lambda: train(args))
+    """Train; a worker that fails leaves the job at once with its error printed (see below)."""
+    try:
+        code = guarded(lambda: train(args))
+    except KeyboardInterrupt:
+        print("main.py: interrupted", file=sys.stderr)
+        code = 130
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:       # noqa: B902 - a programming error: its traceback goes to the log
+        traceback.print_exc()
+        code = 1
+    if code != 0 and KVChannel.joined_job:
+        leave_job_at_once(code)   # never sit in ps-lite's exit barrier waiting for the peers
+    return code
 
 
 def resolve_context(args) -> mx.Context:
@@ -201,6 +212,8 @@ class TrainingLoop:
             if stop:
                 break
         self.algo.close()
+        if w.channel is not None:
+            w.channel.finish()
         print(f"{self.prefix} stopped after round {round_no} ({elapsed:.1f}s)", flush=True)
         return 0
 
@@ -211,16 +224,24 @@ class TrainingLoop:
         return self.evaluations.poll()
 
     def _warm_up(self) -> float:
-        """One step on a dummy batch: compiles the graph, gives the first c_i, uses no data."""
+        """One step on a dummy batch: compiles the graph, gives the first c_i, uses no data.
+
+        The training-mode forward pass would move batch-norm running statistics towards the
+        dummy batch's, so they are put back afterwards.
+        """
         size = models.input_size(self.args.network)
         data_ = mx.nd.zeros((self.args.batch_size, 1, size, size), ctx=self.w.ctx)
         label = mx.nd.zeros((self.args.batch_size,), ctx=self.w.ctx)
+        saved = [p.data().copy() for p in self.w.aux]
         start = time.perf_counter()
         with autograd.record():
             loss = self.loss_fn(self.w.net(data_), label)
         loss.backward()
         mx.nd.waitall()
-        return (time.perf_counter() - start) * self.args.slowdown
+        seconds = (time.perf_counter() - start) * self.args.slowdown
+        for p, value in zip(self.w.aux, saved):
+            p.set_data(value)
+        return seconds
 
     def _local_phase(self, record: RoundRecord, last_c: float):
         k, loss_sum = 0, 0.0
@@ -236,7 +257,7 @@ class TrainingLoop:
                 with autograd.record():
                     loss = self.loss_fn(self.w.net(x), y)
                 loss.backward()
-            self.algo.local_step(record, self.args.batch_size)
+            self.algo.local_step(record)
             if self.args.slowdown > 1:
                 busy = record.current()
                 work = busy.get("forward and backward", 0.0) + busy.get("local update", 0.0)

@@ -227,7 +227,12 @@ class KubernetesJob(_RemoteMixin):
         self.emit_only = not args.apply
 
     def emit(self) -> list[Path]:
-        return self.manifests.write(Path(self.args.emit), REPO)
+        """Write the manifests; with --apply, then make sure a cluster answers."""
+        from esync.launch.backends import kubernetes as k8s
+        written = self.manifests.write(Path(self.args.emit), REPO)
+        if self.args.apply:
+            k8s.check_cluster(Path(self.args.emit))
+        return written
 
     def configure(self, *, resume: bool, overwrite: bool) -> ClusterConfig:
         raise RuntimeError("a Kubernetes job is restarted by Kubernetes, not by esync-cluster")
