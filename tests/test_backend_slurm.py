@@ -13,13 +13,6 @@ JOB = ["--backend", "slurm", "--nodes", 1, "--node-devices", "cpu,cpu", "--time"
        "-m", "esync", "-b", 8, "-e", 1]
 
 
-def start_launcher(slurm, log_dir, data_dir, *args):
-    command = [sys.executable, "-m", "esync.launch", "-ld", str(log_dir), "-dd", str(data_dir),
-               "--quiet", *map(str, args)]
-    return subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=slurm.env)
-
-
 def wait_for_rounds(launcher, mode_dir, rounds, timeout=180):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -62,26 +55,24 @@ def test_the_drawer_reads_the_logs_of_a_slurm_job(finished_job, tmp_path):
             and any((tmp_path / "figures").glob("*.png"))) == (0, True), done.stderr
 
 
-def test_scancel_ends_the_job_and_the_launcher_names_a_role(slurm, tmp_path, fashion_data_dir):
-    launcher = start_launcher(slurm, tmp_path, fashion_data_dir, *JOB, "--max-seconds", 300)
-    try:
-        wait_for_rounds(launcher, tmp_path / "lenet" / "esync", 2)
-        subprocess.run(["scancel", *slurm.jobs()], env=slurm.env, check=True)
-        _, err = launcher.communicate(timeout=120)
-        assert (launcher.returncode, "died" in err, "Slurm job" in err) == (1, True, True), err
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
+def start(launcher, slurm, tmp_path, data_dir):
+    return launcher("-ld", tmp_path, "-dd", data_dir, "--quiet", *JOB, "--max-seconds", 300,
+                    env={"SLURM_CONF": slurm.env["SLURM_CONF"]})
 
 
-def test_interrupt_cancels_the_slurm_job_and_leaves_nothing(slurm, tmp_path, fashion_data_dir):
-    launcher = start_launcher(slurm, tmp_path, fashion_data_dir, *JOB, "--max-seconds", 300)
-    try:
-        wait_for_rounds(launcher, tmp_path / "lenet" / "esync", 2)
-        launcher.send_signal(signal.SIGINT)
-        launcher.communicate(timeout=120)
-        assert (launcher.returncode, slurm.jobs(), processes_mentioning(str(tmp_path))) == \
-            (130, [], [])
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
+def test_scancel_ends_the_job_and_the_launcher_names_a_role(slurm, launcher, tmp_path,
+                                                            fashion_data_dir):
+    job = start(launcher, slurm, tmp_path, fashion_data_dir)
+    wait_for_rounds(job, tmp_path / "lenet" / "esync", 2)
+    subprocess.run(["scancel", *slurm.jobs()], env=slurm.env, check=True)
+    _, err = job.communicate(timeout=120)
+    assert (job.returncode, "died" in err, "is CANCELLED" in err) == (1, True, True), err
+
+
+def test_interrupt_cancels_the_slurm_job_and_leaves_nothing(slurm, launcher, tmp_path,
+                                                            fashion_data_dir):
+    job = start(launcher, slurm, tmp_path, fashion_data_dir)
+    wait_for_rounds(job, tmp_path / "lenet" / "esync", 2)
+    job.send_signal(signal.SIGINT)
+    job.communicate(timeout=120)
+    assert (job.returncode, slurm.jobs(), processes_mentioning(str(tmp_path))) == (130, [], [])

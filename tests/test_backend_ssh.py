@@ -2,12 +2,11 @@
 import json
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
-from support import REPO, device_logs, processes_mentioning, run_cluster
+from support import device_logs, processes_mentioning, run_cluster
 
 JOB = ["-m", "esync", "-b", 8, "-e", 1]
 
@@ -21,13 +20,6 @@ def hostfile(tmp_path, text="127.0.0.1 cpu,cpu\n"):
 def ssh_args(tmp_path, sshd):
     return ["--backend", "ssh", "--hostfile", hostfile(tmp_path), "--ssh-config",
             sshd.ssh_config]
-
-
-def start_launcher(log_dir, data_dir, *args):
-    command = [sys.executable, "-m", "esync.launch", "-ld", str(log_dir), "-dd", str(data_dir),
-               "--quiet", *map(str, args)]
-    return subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
 
 
 def wait_for_rounds(launcher, mode_dir, rounds, timeout=180):
@@ -64,33 +56,32 @@ def test_the_summary_of_an_ssh_job_covers_both_workers(finished_job):
     assert summary["_totals"]["num_devices"] == 2
 
 
-def test_interrupt_stops_the_processes_on_the_remote_host(sshd, tmp_path, fashion_data_dir):
-    launcher = start_launcher(tmp_path, fashion_data_dir, *ssh_args(tmp_path, sshd), *JOB,
-                              "--max-seconds", 300)
-    try:
-        wait_for_rounds(launcher, tmp_path / "lenet" / "esync", 2)
-        launcher.send_signal(signal.SIGINT)
-        launcher.communicate(timeout=90)
-        assert (launcher.returncode, processes_mentioning(str(tmp_path))) == (130, [])
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
+def test_interrupt_stops_the_processes_on_the_remote_host(sshd, launcher, tmp_path,
+                                                          fashion_data_dir):
+    job = launcher("-ld", tmp_path, "-dd", fashion_data_dir, "--quiet",
+                   *ssh_args(tmp_path, sshd), *JOB, "--max-seconds", 300)
+    wait_for_rounds(job, tmp_path / "lenet" / "esync", 2)
+    job.send_signal(signal.SIGINT)
+    job.communicate(timeout=90)
+    assert (job.returncode, processes_mentioning(str(tmp_path))) == (130, [])
 
 
-def test_a_killed_remote_worker_is_named_with_its_log(sshd, tmp_path, fashion_data_dir):
-    launcher = start_launcher(tmp_path, fashion_data_dir, *ssh_args(tmp_path, sshd), *JOB,
-                              "--max-seconds", 300)
-    try:
-        wait_for_rounds(launcher, tmp_path / "lenet" / "esync", 2)
-        victim = [p for p in processes_mentioning(str(tmp_path))
-                  if "--device-name cpu1" in open(f"/proc/{p}/cmdline").read().replace("\0", " ")
-                  and "esync.launch.runner" not in open(f"/proc/{p}/cmdline").read()]
-        subprocess.run(["kill", "-KILL", *map(str, victim)], check=True)
-        _, err = launcher.communicate(timeout=90)
-        assert "worker-cpu1 died (killed by signal SIGKILL)" in err and "cpu1] round" in err
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
+def test_a_killed_remote_worker_is_named_with_its_log(sshd, launcher, tmp_path,
+                                                      fashion_data_dir):
+    job = launcher("-ld", tmp_path, "-dd", fashion_data_dir, "--quiet",
+                   *ssh_args(tmp_path, sshd), *JOB, "--max-seconds", 300)
+    wait_for_rounds(job, tmp_path / "lenet" / "esync", 2)
+    victim = [p for p in processes_mentioning(str(tmp_path))
+              if "--device-name cpu1" in _command_line(p)
+              and "esync.launch.runner" not in _command_line(p)]
+    subprocess.run(["kill", "-KILL", *map(str, victim)], check=True)
+    _, err = job.communicate(timeout=90)
+    assert "worker-cpu1 died (killed by signal SIGKILL)" in err and "cpu1] round" in err
+
+
+def _command_line(pid):
+    with open(f"/proc/{pid}/cmdline") as f:
+        return f.read().replace("\0", " ")
 
 
 def test_an_unreachable_host_is_refused_before_anything_starts(tmp_path, fashion_data_dir):

@@ -200,7 +200,7 @@ class SlurmJob(_RemoteMixin):
 
     def backend(self):
         from esync.launch.backends import slurm
-        return slurm.SlurmBackend(self.config, self.args.nodes, **self.options)
+        return slurm.SlurmBackend(lambda: self.config, self.args.nodes, **self.options)
 
     def state_view(self) -> str:
         return "  (the state server runs inside the Slurm job; see processes/state-server.log)"

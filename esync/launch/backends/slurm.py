@@ -26,6 +26,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 from esync.errors import UsageError
 from esync.launch.backends.base import Backend, Handle
@@ -180,12 +181,13 @@ class SlurmHandle(Handle):
 class SlurmBackend(Backend):
     """Submits every role at once as one job; ``start`` returns once the job runs."""
 
-    def __init__(self, config: ClusterConfig, nodes: int, *, partition: str | None = None,
-                 gpus_per_node: int = 0, minutes: int = 60, job_name: str = "esync",
-                 extra: dict | None = None, announce=print):
-        self.config, self.nodes = config, nodes
+    def __init__(self, config_of: Callable[[], ClusterConfig], nodes: int, *,
+                 partition: str | None = None, gpus_per_node: int = 0, minutes: int = 60,
+                 job_name: str = "esync", extra: dict | None = None, announce=print):
+        # The job's current config (a restart resumes from a checkpoint: other flags).
+        self.config_of, self.nodes = config_of, nodes
         self.params = dict(slurm_partition=partition, slurm_time=minutes, nodes=nodes,
-                           slurm_job_name=job_name, cpus_per_task=max(1, config.threads),
+                           slurm_job_name=job_name, cpus_per_task=max(1, config_of().threads),
                            slurm_srun_args=["--distribution=block"],
                            slurm_additional_parameters={"chdir": str(REPO), **(extra or {})})
         if gpus_per_node:
@@ -195,7 +197,9 @@ class SlurmBackend(Backend):
 
     def start(self, specs: list[RoleSpec], proc_dir: Path) -> list[Handle]:
         if self.job is not None:
-            raise NotImplementedError("a Slurm job cannot restart one of its roles in place")
+            if len(specs) == 1:
+                raise NotImplementedError("a Slurm job cannot restart one of its roles in place")
+            self.close()                         # a whole-cluster restart: a new job
         import submitit
         proc_dir = Path(proc_dir)
         proc_dir.mkdir(parents=True, exist_ok=True)
@@ -208,7 +212,7 @@ class SlurmBackend(Backend):
         executor.update_parameters(ntasks_per_node=len(layout[0]),
                                    **{k.removeprefix("slurm_"): v for k, v in params.items()})
         try:
-            submitted = executor.submit(run_task, self.config, layout, str(proc_dir))
+            submitted = executor.submit(run_task, self.config_of(), layout, str(proc_dir))
         except Exception as exc:             # sbatch refused: bad partition, too many nodes...
             raise UsageError(f"--backend slurm: sbatch refused the job: {_first_line(exc)}") \
                 from None
