@@ -66,7 +66,8 @@ def test_scancel_ends_the_job_and_the_launcher_names_a_role(slurm, launcher, tmp
     wait_for_rounds(job, tmp_path / "lenet" / "esync", 2)
     subprocess.run(["scancel", *slurm.jobs()], env=slurm.env, check=True)
     _, err = job.communicate(timeout=120)
-    assert (job.returncode, "died" in err, "is CANCELLED" in err) == (1, True, True), err
+    assert (job.returncode, "died" in err, "Slurm job" in err and "is CANCELLED" in err) \
+        == (1, True, True), err
 
 
 def test_interrupt_cancels_the_slurm_job_and_leaves_nothing(slurm, launcher, tmp_path,

@@ -165,7 +165,10 @@ class SlurmHandle(Handle):
         except OSError:
             text = "(no log: the role did not start)"
         text = "\n".join(text.splitlines()[-lines:])
-        state = self.job.state(fresh=True)
+        state, deadline = self.job.state(fresh=True), time.monotonic() + 10
+        while state == "COMPLETING" and time.monotonic() < deadline:   # its final state soon
+            time.sleep(0.5)
+            state = self.job.state(fresh=True)
         if state != "RUNNING":           # cancelled (scancel), timed out, a node failed...
             text += f"\n(Slurm job {self.job.id} is {state})"
         return text
