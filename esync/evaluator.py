@@ -6,7 +6,8 @@ Run beside a job (the launcher does it for you):
 
 It watches ``<log_dir>/<network>/<mode_dir>/checkpoints/``, scores each new checkpoint in order
 (skipping to the newest when it falls behind) and appends one JSON line per checkpoint to
-``<mode_dir>/evaluations.jsonl``: ``{"round", "total_time", "accuracy", "samples"}``. It stops
+``<mode_dir>/evaluations.jsonl``: ``{"round", "total_time", "accuracy", "samples"}``, and hands it
+to TensorBoard and the state server's dashboard (``esync.score_report``). It stops
 when the job's rank 0 has marked the folder done and the last checkpoint is scored.
 """
 import json
@@ -19,6 +20,7 @@ import numpy as np
 
 from esync import data, models
 from esync.checkpoint import CheckpointError, CheckpointStore
+from esync.score_report import ScoreReport
 
 
 def accuracy(net, images: np.ndarray, labels: np.ndarray, ctx: mx.Context, input_size: int,
@@ -67,6 +69,15 @@ class EvaluationLog:
 
 
 def run(args, mode_dir: Path, *, poll_seconds: float = 0.2, idle_timeout: float = 0.0) -> int:
+    report = ScoreReport(args)
+    try:
+        return _score_checkpoints(args, mode_dir, report, poll_seconds, idle_timeout)
+    finally:
+        report.close()
+
+
+def _score_checkpoints(args, mode_dir: Path, report: ScoreReport, poll_seconds: float,
+                       idle_timeout: float) -> int:
     ctx = mx.cpu() if args.cpu else mx.gpu(args.gpu)
     images, labels = data.load_fashion_mnist(args.data_dir, "test")
     net = models.build(args.network, ctx, seed=args.seed)
@@ -102,6 +113,7 @@ def run(args, mode_dir: Path, *, poll_seconds: float = 0.2, idle_timeout: float 
         acc = accuracy(net, images, labels, ctx, size)
         log.append({"round": meta["round"], "total_time": meta["total_time"],
                     "accuracy": round(acc, 5), "samples": meta.get("samples")})
+        report.add(meta["round"], training_seconds=meta["total_time"], accuracy=acc)
         scored.add(meta["round"])
         print(f"[evaluator] round {meta['round']} t={meta['total_time']:.1f}s "
               f"accuracy {acc:.4f}", flush=True)

@@ -186,6 +186,8 @@ class Cluster:
         if not a.no_evaluator:
             env = dict(os.environ, PYTHONUNBUFFERED="1", DMLC_ROLE="evaluator",
                        OMP_NUM_THREADS=str(a.threads))
+            if self.state_token:
+                env["ESYNC_STATE_TOKEN"] = token         # posts its scores to the dashboard
             self.spawn("evaluator", "evaluator", base, env)
         devices = _device_list(a.devices, a.workers)
         names = _device_names(devices)
@@ -205,6 +207,7 @@ class Cluster:
         self.state_token, self.state_restarts = token, 0
         proc = self._run_state_server()
         self.roles.append(Role("state server", "state", proc, proc.log_path))
+        print(f"esync-cluster: dashboard at {proc.url}/dashboard/?job={self.args.job}", flush=True)
 
     def _run_state_server(self) -> subprocess.Popen:
         from esync import state_service
@@ -471,6 +474,7 @@ def main(argv=None) -> int:
         # from state_server/, the user from anywhere.
         args.log_dir = str(Path(args.log_dir).resolve())
         args.data_dir = str(Path(args.data_dir).resolve())
+        args.tensorboard = str(Path(args.tensorboard or _mode_dir(args)).resolve())
         if args.slowdown_list is None:
             args.slowdown_list = DEFAULT_SLOWDOWN if args.workers == 4 else "1"
         args.slowdowns = _slowdown_list(args.slowdown_list, args.workers)

@@ -19,6 +19,8 @@ from esync.cli import UsageError
 from esync.evaluator import EvaluationLog, accuracy
 from esync.kvstore import KeyMap, KVChannel
 from esync.measure import LogDirError, RoundLogWriter, RoundRecord
+from esync.score_report import ScoreReport
+from esync.tboard import TrainingScalars, forget_earlier_events
 
 COMPUTE_PHASES = ("get_batch", "forward and backward", "local update", "emulated slowdown")
 
@@ -145,6 +147,8 @@ def train(args) -> int:
     if rank == 0:
         if args.overwrite and not args.resume:
             _forget_earlier_run(folder)
+            if args.tensorboard:
+                forget_earlier_events(args.tensorboard)
         _write_run_config(folder, args, num_workers)
     _write_json(writer.folder / "config.json", dict(vars(args), rank=rank, device=device,
                                                     num_workers=num_workers))
@@ -152,6 +156,7 @@ def train(args) -> int:
     algo.prepare()
     done_rounds, spent, samples = _start_global_model(worker, store, args.resume)
     algo.setup()
+    algo.announce(host=args.host_name, device=device)
     loop = TrainingLoop(worker, algo, stream, writer, store, folder, device)
     return loop.run(done_rounds, spent, samples)
 
@@ -174,6 +179,9 @@ class TrainingLoop:
         self.standalone = worker.channel is None
         if self.standalone:
             self.test_set = data.load_fashion_mnist(self.args.data_dir, "test")
+            self.scores = ScoreReport(self.args, prefix=self.prefix)
+        self.scalars = (TrainingScalars(self.args.tensorboard)
+                        if self.args.tensorboard and worker.rank == 0 else None)
 
     def run(self, done_rounds: int, spent: float, samples: int) -> int:
         args, w = self.args, self.w
@@ -211,6 +219,8 @@ class TrainingLoop:
                 "state_requests": self.algo.state_requests() - requests0,
                 "train_loss": round(loss, 5)}
             self.writer.write(record, elapsed, acc)
+            self._write_scalars(round_no, record, k, loss, elapsed,
+                                record.num_samples if round_samples is None else round_samples)
             self._checkpoint(round_no, elapsed, total_samples, stop)
             now = time.perf_counter()
             if stop or now - last_print > 2.0:
@@ -221,8 +231,27 @@ class TrainingLoop:
             if stop:
                 break
         self.algo.close()
+        self._close_reports()
         print(f"{self.prefix} stopped after round {round_no} ({elapsed:.1f}s)", flush=True)
         return 0
+
+    def _write_scalars(self, round_no: int, record: RoundRecord, k: int, loss: float,
+                       elapsed: float, samples: int) -> None:
+        """Rank 0's TensorBoard scalars; every worker's k where the exchange carried them."""
+        if self.scalars is None:
+            return
+        known = self.algo.worker_ks
+        worker_ks = dict(enumerate(known)) if known is not None else {self.w.rank: k}
+        extras = record.extras
+        self.scalars.add_round(round_no, loss=loss, compute=extras["compute_time"],
+                               round_seconds=extras["compute_time"] + extras["wait_time"],
+                               samples=samples, elapsed=elapsed, worker_ks=worker_ks)
+
+    def _close_reports(self) -> None:
+        if self.scalars is not None:
+            self.scalars.close()
+        if self.standalone:
+            self.scores.close()
 
     def _latest_accuracy(self):
         """Where the stop is voted on together, rank 0's view is enough: the others skip the read."""
@@ -280,6 +309,7 @@ class TrainingLoop:
                                  "accuracy": round(acc, 5),
                                  "samples": round_no * self.args.batch_size})
         self.evaluations.latest_accuracy = acc
+        self.scores.add(round_no, training_seconds=elapsed, accuracy=acc)
         return acc
 
     def _checkpoint(self, round_no: int, elapsed: float, samples: int, stop: bool) -> None:

@@ -39,6 +39,10 @@ class ESync(Algorithm):
         self.round = 1
         self.planned_k = None
 
+    def announce(self, *, host: str, device: str) -> None:
+        if self.client is not None:
+            self.client.hello(self.worker.rank, host=host, device=device)
+
     def continue_local(self, k: int, last_c: float, record) -> bool:
         a, w = self.args, self.worker
         if a.local_iters:

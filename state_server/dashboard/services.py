@@ -16,11 +16,13 @@ from esync.policy import MAX_ROUND, PolicyError, check_float, check_int
 from .models import Score, WorkerInfo
 
 MAX_TRAINING_SECONDS = 10 * 365 * 86_400.0
-NAME = re.compile(r"[\w.:@/+-]{1,64}")      # host and device names: no spaces, no markup
+# Host and device names: what a log folder name can be, without control characters (the page
+# inserts them as text, never as markup).
+NAME = re.compile(r"[^\x00-\x1f\x7f]{1,64}")
 
 ERR_HELLO_RANK = "r (the worker's rank) must be an integer in [0, {num_workers})"
-ERR_HOST = "host must be 1 to 64 letters, digits or . _ - : @ / +"
-ERR_DEVICE = "device must be 1 to 64 letters, digits or . _ - : @ / +"
+ERR_HOST = "host must be 1 to 64 characters, none of them a control character"
+ERR_DEVICE = "device must be 1 to 64 characters, none of them a control character"
 ERR_SCORE_ROUND = f"round must be an integer in [0, {MAX_ROUND}]"
 ERR_SCORE_TIME = "time (training seconds) must be a number >= 0"
 ERR_ACCURACY = "accuracy must be a number in [0, 1]"

@@ -198,9 +198,9 @@ def test_hello_refuses_a_rank_outside_the_job(client):
         num_workers=2)
 
 
-def test_hello_refuses_markup_in_a_host_name(client):
+def test_hello_refuses_a_control_character_in_a_host_name(client):
     init(client, "j")
-    response = post(client, "job-hello", "j", {"r": 0, "host": "<b>x</b>", "device": "cpu0"})
+    response = post(client, "job-hello", "j", {"r": 0, "host": "cloud\n3", "device": "cpu0"})
     assert response.status_code == 400 and response.json()["error"] == ERR_HOST
 
 
