@@ -208,7 +208,10 @@ async function tick() {
   clearTimeout(state.timer);
   try {
     await refreshJobs();
-    if (state.job) draw(await getJSON(jobUrl(state.job)));
+    if (state.job) {
+      text("data-url", jobUrl(state.job));
+      draw(await getJSON(jobUrl(state.job)));
+    }
   } catch (error) {
     text("status", `Cannot refresh: ${error.message} (retrying)`);
   } finally {
