@@ -7,17 +7,19 @@ crash) sees either the whole checkpoint or none of it.
 """
 import io
 import json
-import os
 import zipfile
 from pathlib import Path
 
 import numpy as np
 
+from esync.errors import UserError
+from esync.fsutil import atomic_write_bytes, atomic_write_text
+
 FORMAT = "esync-checkpoint-v1"
 DONE_MARKER = "DONE"
 
 
-class CheckpointError(Exception):
+class CheckpointError(UserError):
     pass
 
 
@@ -34,14 +36,7 @@ class CheckpointStore:
         buf = io.BytesIO()
         np.savez(buf, __meta__=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
                  **{f"p:{name}": value for name, value in arrays.items()})
-        path = self.path_for(round_no)
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "wb") as f:
-            f.write(buf.getvalue())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        return path
+        return atomic_write_bytes(self.path_for(round_no), buf.getvalue(), durable=True)
 
     def list(self) -> list[Path]:
         return sorted(self.folder.glob("round-*.npz"))
@@ -83,9 +78,7 @@ class CheckpointStore:
 
     def mark_done(self, meta: dict) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
-        tmp = self.folder / (DONE_MARKER + ".tmp")
-        tmp.write_text(json.dumps(meta))
-        os.replace(tmp, self.folder / DONE_MARKER)
+        atomic_write_text(self.folder / DONE_MARKER, json.dumps(meta), durable=True)
 
     def clear_done(self) -> None:
         (self.folder / DONE_MARKER).unlink(missing_ok=True)

@@ -17,12 +17,9 @@ import socket
 import sys
 
 import config
+from esync.errors import UsageError, guarded  # noqa: F401  (UsageError: re-exported for callers)
 
 DMLC_ROLES = ("scheduler", "server", "worker", "evaluator")
-
-
-class UsageError(Exception):
-    """A bad flag, environment variable or machine capability, reported as one line."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -228,4 +225,4 @@ def main(argv=None) -> int:
 
 def _run_evaluator(args) -> int:
     from esync import evaluator, trainer
-    return trainer.guarded(lambda: evaluator.run(args, trainer.mode_dir(args)))
+    return guarded(lambda: evaluator.run(args, trainer.mode_dir(args)))

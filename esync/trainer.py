@@ -4,8 +4,6 @@ A round is: local iterations while the algorithm says so (one for sync/async/loc
 ESync), then the algorithm's aggregation. Everything mode-specific lives in ``esync.algorithms``.
 """
 import json
-import os
-import sys
 import time
 from pathlib import Path
 
@@ -15,10 +13,11 @@ from mxnet import autograd, gluon
 from esync import data, models
 from esync.algorithms import Worker, algorithm_class, mode_dir_name
 from esync.checkpoint import CheckpointError, CheckpointStore
-from esync.cli import UsageError
+from esync.errors import UsageError, guarded
 from esync.evaluator import EvaluationLog, accuracy
 from esync.kvstore import KeyMap, KVChannel
-from esync.measure import LogDirError, RoundLogWriter, RoundRecord
+from esync.fsutil import atomic_write_text
+from esync.measure import RoundLogWriter, RoundRecord
 from esync.score_report import ScoreReport
 from esync.tboard import TrainingScalars, forget_earlier_events
 
@@ -28,25 +27,6 @@ COMPUTE_PHASES = ("get_batch", "forward and backward", "local update", "emulated
 def mode_dir(args) -> Path:
     return (Path(args.log_dir) / args.network
             / mode_dir_name(args.mode, args.use_dcasgd, args.split_by_class))
-
-
-def guarded(fn) -> int:
-    """Run `fn`, turning the errors a user can fix into one ``error:`` line and exit code 2."""
-    try:
-        return fn()
-    except Exception as exc:
-        if not isinstance(exc, _user_errors()):
-            raise
-        print(f"main.py: error: {exc}", file=sys.stderr, flush=True)
-        return 2
-
-
-def _user_errors() -> tuple:
-    errors = [UsageError, data.DataError, LogDirError, CheckpointError, models.UnknownNetworkError]
-    client = sys.modules.get("esync.state_client")   # imported only by ESync mode
-    if client is not None:
-        errors.append(client.StateServerError)
-    return tuple(errors)
 
 
 def run(args) -> int:
@@ -336,9 +316,7 @@ def _jsonable(d: dict) -> dict:
 
 def _write_json(path: Path, content: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(_jsonable(content), indent=1))
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(_jsonable(content), indent=1))
 
 
 def _write_run_config(folder: Path, args, num_workers: int) -> None:

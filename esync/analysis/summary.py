@@ -34,8 +34,9 @@ import math
 import os
 import re
 import sys
-import tempfile
 from pathlib import Path
+
+from esync.fsutil import atomic_open
 
 ITER_FILE = re.compile(r"iter-(\d+)\.txt")
 EVALUATIONS_FILE = "evaluations.jsonl"
@@ -379,15 +380,9 @@ def write_summary(mode_dir) -> Path:
     mode_dir = Path(mode_dir)
     summary = summarize(mode_dir)
     target = mode_dir / summary_name(mode_dir.name)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=mode_dir)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fp:
-            json.dump(summary, fp)
-            fp.write("\n")
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_open(target, "w", encoding="utf-8") as fp:
+        json.dump(summary, fp)
+        fp.write("\n")
     return target
 
 
