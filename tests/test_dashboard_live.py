@@ -18,6 +18,9 @@ import requests
 
 from support import REPO, processes_mentioning
 
+# The job, the browser and the event files are set up inside the first test: give it room.
+pytestmark = pytest.mark.timeout(900)
+
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
@@ -47,8 +50,13 @@ class Job:
             self.proc = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True,
                                          env=dict(os.environ, PYTHONUNBUFFERED="1"))
-        self.url = self._dashboard_url()
-        self.port = self.url.split(":")[2].split("/")[0]
+        self.url = self.port = None
+        try:
+            self.url = self._dashboard_url()
+            self.port = self.url.split(":")[2].split("/")[0]
+        except BaseException:
+            self.stop()
+            raise
 
     def _dashboard_url(self, timeout: float = 120) -> str:
         deadline = time.monotonic() + timeout
@@ -96,8 +104,10 @@ class Job:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
-        for pid in processes_mentioning(str(self.log_dir)) + processes_mentioning(
-                f"127.0.0.1:{self.port}"):
+        leftovers = processes_mentioning(str(self.log_dir))
+        if self.port is not None:                  # gunicorn's command line names its port only
+            leftovers += processes_mentioning(f"127.0.0.1:{self.port}")
+        for pid in leftovers:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
