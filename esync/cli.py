@@ -79,9 +79,12 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
     from esync.models import NETWORKS
     g = parser.add_argument_group("training (the original ESync's flags)")
     g.add_argument("-l", "--learning-rate", type=_positive_float, default=config.learning_rate,
-                   help="SGD learning rate of sync, async, dcasgd and local modes")
+                   help="SGD learning rate of sync, async, dcasgd and local modes; as in the "
+                        "original, a step is lr x the gradient SUMMED over the batch (lr 0.05 on "
+                        "the batch mean with -b 64 is -l 0.00078125)")
     g.add_argument("-ll", "--local-lr", type=_positive_float, default=config.local_lr,
-                   help="learning rate of ESync's local iterations")
+                   help="learning rate of ESync's local iterations, times the gradient summed "
+                        "over the batch (as -l)")
     g.add_argument("-gl", "--global-lr", type=_positive_float, default=config.global_lr,
                    help="ESync's global step: params = start + gl * mean(delta)")
     g.add_argument("-b", "--batch-size", type=_positive_int, default=config.batch_size,

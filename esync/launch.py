@@ -30,8 +30,11 @@ REPO = Path(__file__).resolve().parents[1]
 MAIN = REPO / "main.py"
 
 # The main job's defaults differ from main.py's (which keep the original's): a small network that
-# trains in minutes on a CPU, learning rates that suit it, and a time budget.
-CLUSTER_DEFAULTS = dict(network="lenet", cpu=1, learning_rate=0.05, local_lr=0.05,
+# trains in minutes on a CPU, learning rates that suit it, and a time budget. Learning rates have
+# the original's meaning (x the gradient summed over the batch): 0.05 / 64 is a step of 0.05 on
+# the mean gradient of a 64-sample batch.
+CLUSTER_LR = 0.05 / 64
+CLUSTER_DEFAULTS = dict(network="lenet", cpu=1, learning_rate=CLUSTER_LR, local_lr=CLUSTER_LR,
                         eval_duration=10, max_seconds=90.0, mode="esync")
 STATE_SERVER_RESTARTS = 3        # a state server that keeps dying is a failure, not a blip
 DEFAULT_SLOWDOWN = "1,1,4,8"      # DESIGN.md's emulated cluster: two fast, one 4x, one 8x slower
@@ -389,9 +392,8 @@ def _device_names(devices: list[str]) -> list[str]:
 
 
 def _mode_dir(args) -> Path:
-    from esync.algorithms import mode_dir_name
-    return (Path(args.log_dir) / args.network
-            / mode_dir_name(args.mode, args.use_dcasgd, args.split_by_class))
+    from esync.modes import mode_dir
+    return mode_dir(args)
 
 
 def _tail(path: Path, lines: int = 20) -> str:

@@ -7,8 +7,8 @@
     stop(proc)
 
 The server is one gunicorn process with threads (``gthread``): the live decision state of every
-job is in that process's memory, so it must never run several worker processes. Migrations run
-first (synchronously), so a fresh database file just works. The process gets its own process
+job is in that process's memory, so it must never run several worker processes. The WSGI app
+applies pending migrations when it loads, so a fresh database file just works. The process gets its own process
 group: ``stop`` ends gunicorn's arbiter and its worker together, ``stop(proc, hard=True)`` kills
 them at once (what a crash looks like; the tests use it).
 """
@@ -28,7 +28,6 @@ import requests
 SERVER_DIR = Path(__file__).resolve().parents[1] / "state_server"
 DEFAULT_THREADS = 8
 
-ERR_MIGRATE = "state server migrations failed (exit {code}); see {log}:\n{tail}"
 ERR_NOT_UP = "state server {url} not answering after {timeout:.0f} s; see its log"
 ERR_EXITED = "state server exited with code {code} before answering; log:\n{tail}"
 
@@ -68,10 +67,10 @@ def start_state_server(*, host: str = "127.0.0.1", port: int, token: str | None,
                        db_path: str | os.PathLike, log_path: str | os.PathLike,
                        threads: int = DEFAULT_THREADS, anonymous: bool = False,
                        python: str = sys.executable) -> subprocess.Popen:
-    """Migrate ``db_path``, then start gunicorn on ``host:port``; returns the running process.
+    """Start gunicorn on ``host:port`` (it migrates ``db_path``); returns the running process.
 
-    ``token`` None generates one; it is available as ``proc.token`` (and ``proc.url``). Output of
-    both steps is appended to ``log_path``. Does not wait for the server: see ``wait_until_up``.
+    ``token`` None generates one; it is available as ``proc.token`` (and ``proc.url``). Output is
+    appended to ``log_path``. Does not wait for the server: see ``wait_until_up``.
     """
     token = token or secrets.token_urlsafe(24)
     db_path = Path(db_path).resolve()          # gunicorn runs from state_server/
@@ -80,15 +79,11 @@ def start_state_server(*, host: str = "127.0.0.1", port: int, token: str | None,
     Path(db_path).parent.mkdir(parents=True, exist_ok=True)
     env = server_env(token=token, db_path=db_path, anonymous=anonymous)
     with open(log_path, "ab") as log:
-        code = subprocess.call([python, str(SERVER_DIR / "manage.py"), "migrate", "--noinput"],
-                               env=env, stdout=log, stderr=subprocess.STDOUT,
-                               stdin=subprocess.DEVNULL)
-        if code != 0:
-            raise RuntimeError(ERR_MIGRATE.format(code=code, log=log_path, tail=_tail(log_path)))
         command = [python, "-m", "gunicorn", "esync_state.wsgi:application",
                    "--chdir", str(SERVER_DIR), "--pythonpath", str(SERVER_DIR.parent),
-                   "--bind", _bind_address(host, port),
-                   "--workers", "1", "--worker-class", "gthread", "--threads", str(threads),
+                   "--bind", _bind_address(host, port), "--workers", "1",
+                   "--worker-class", "esync_state.gunicorn_worker.JsonErrorThreadWorker",
+                   "--threads", str(threads),
                    "--keep-alive", "30", "--graceful-timeout", "5", "--timeout", "60",
                    "--no-control-socket", "--error-logfile", "-", "--log-level", "warning"]
         proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,

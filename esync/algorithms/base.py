@@ -5,7 +5,7 @@ The training loop (``esync.trainer``) exists once; an algorithm only fills in th
     prepare()                 before the parameter server's keys are created (optimizer, state server)
     announce(host, device)    once the job exists everywhere: say where this worker runs (dashboard)
     continue_local(k, c, rec) True while this worker should run another local iteration this round
-    local_step(rec, batch)    after the backward pass of each local iteration
+    local_step(rec)           after the backward pass of each local iteration
     aggregate(rec, want_stop) end of the round: exchange with the other workers; returns "stop now"
 
 ``Worker`` carries what every algorithm needs (network, parameters, KVStore channel, rank).
@@ -60,7 +60,7 @@ class Algorithm:
     def continue_local(self, k: int, last_c: float, record: RoundRecord) -> bool:
         return k == 0
 
-    def local_step(self, record: RoundRecord, batch_size: int) -> None:
+    def local_step(self, record: RoundRecord) -> None:
         """Default: nothing (the update happens at aggregation)."""
 
     def aggregate(self, record: RoundRecord, want_stop: bool) -> bool:
@@ -74,7 +74,12 @@ class Algorithm:
 
     # -- helpers shared by the algorithms ----------------------------------------------------
     def sgd(self, learning_rate: float) -> gluon.Trainer:
-        """Plain SGD applied locally (no KVStore inside gluon's Trainer)."""
+        """Plain SGD applied locally (no KVStore inside gluon's Trainer).
+
+        The loss is a per-sample vector and ``backward()`` sums its gradients over the batch, so
+        ``step(1)`` moves by ``learning_rate`` x the gradient summed over the batch: the
+        original ESync's meaning of ``-l``/``-ll``.
+        """
         return gluon.Trainer(self.worker.trainable, "sgd", {"learning_rate": learning_rate},
                              kvstore=None)
 

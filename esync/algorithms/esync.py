@@ -55,9 +55,9 @@ class ESync(Algorithm):
             ready = self.client.apply(w.rank, k, last_c)
         return k == 0 or not ready
 
-    def local_step(self, record, batch_size: int) -> None:
+    def local_step(self, record) -> None:
         with record.phase("local update"):
-            self.trainer.step(batch_size)
+            self.trainer.step(1)
 
     def aggregate(self, record, want_stop: bool) -> bool:
         w, n = self.worker, self.worker.num_workers

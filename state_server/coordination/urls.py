@@ -8,7 +8,7 @@ from django.urls import path, re_path
 from . import views
 
 ACTIONS = [("init", views.init), ("apply", views.apply), ("plan", views.plan),
-           ("reset", views.reset), ("history", views.history)]
+           ("reset", views.reset), ("history", views.history), ("rounds", views.rounds)]
 
 
 def _route(route: str, view, name: str) -> list:
