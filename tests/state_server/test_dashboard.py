@@ -8,6 +8,7 @@ from django.urls import reverse
 
 from coordination import services
 from coordination.http import ERR_TOKEN_MISSING
+from coordination.models import Job
 from dashboard.services import ERR_ACCURACY, ERR_HELLO_RANK, ERR_HOST
 from esync.policy import JobState
 
@@ -59,7 +60,10 @@ def dynamic_round(client, clock):
     Rank 0 computes 0.1 s of the 0.25 s round, rank 1 (the slowest, c = 0.2 s) 0.2 s.
     """
     init(client, "j")
-    services.registry.put(JobState(name="j", num_workers=2, clock=clock))
+    row = Job.objects.get(name="j")
+    live = JobState(name="j", num_workers=2, clock=clock)    # as job_init builds it, on our clock
+    live.storage_id, live.run = row.pk, row.run
+    services.registry.put(live)
     for now, rank, k, c in [(0.0, 0, 0, 0.05), (0.0, 1, 0, 0.2), (0.05, 0, 1, 0.05),
                             (0.1, 0, 2, 0.05), (0.2, 1, 1, 0.2)]:
         clock.now = now
@@ -236,3 +240,17 @@ def test_scores_refuse_an_accuracy_above_one(client):
 def test_scores_for_an_unknown_job_are_a_404(client):
     response = post(client, "job-scores", "nope", {"round": 1, "time": 1.0, "accuracy": 0.5})
     assert response.status_code == 404
+
+
+def test_planned_round_reports_give_every_workers_k(client):
+    init(client, "p", policy="planned")
+    post(client, "job-rounds", "p", {"t": 1, "k": [1, 1], "c": [0.02, 0.08]})
+    post(client, "job-rounds", "p", {"t": 2, "k": [4, 1], "c": [0.02, 0.08]})
+    assert board(client, "p")["recent_rounds"] == [{"round": 1, "k": [1, 1]},
+                                                   {"round": 2, "k": [4, 1]}]
+
+
+def test_planned_round_reports_show_the_plan_as_live_k(client):
+    init(client, "p", policy="planned")
+    answer = post(client, "job-rounds", "p", {"t": 1, "k": [1, 1], "c": [0.02, 0.08]}).json()
+    assert [w["k_live"] for w in board(client, "p")["workers"]] == answer["plan"]
