@@ -54,7 +54,7 @@ def main() -> int:
     folder = Path(tempfile.mkdtemp(prefix="esync-screenshot-"))
     output = folder / "launcher.log"
     command = [sys.executable, "-m", "esync.launch", "-ld", str(folder), "--quiet", "-e", "5",
-               "--max-seconds", "120", *args.launcher_args]
+               "--max-seconds", "600", *args.launcher_args]
     with open(output, "w") as out:
         launcher = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
