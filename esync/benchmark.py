@@ -40,6 +40,7 @@ from pathlib import Path
 
 import config
 from esync.cli import bounded_number
+from esync.procs import die_with_parent, kill_group
 
 REPO = Path(__file__).resolve().parents[1]
 MAIN = REPO / "main.py"
@@ -344,20 +345,13 @@ class Progress:
             self.bar.close()
 
 
-def _killpg(proc: subprocess.Popen, sig: int) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 def stop(proc: subprocess.Popen, grace: float = 30.0) -> None:
     """SIGTERM (the launcher then stops its cluster), SIGKILL to the group after `grace` s."""
-    _killpg(proc, signal.SIGTERM)
+    kill_group(proc, signal.SIGTERM)
     try:
         proc.wait(timeout=grace)
     except subprocess.TimeoutExpired:
-        _killpg(proc, signal.SIGKILL)
+        kill_group(proc, signal.SIGKILL)
         proc.wait()
 
 
@@ -381,7 +375,7 @@ def run_job(job: Job, progress: Progress, timeout: float) -> None:
         out.flush()
         proc = subprocess.Popen(job.argv, stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, cwd=str(REPO), env=child_env(job.mode),
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=die_with_parent)
     try:
         while proc.poll() is None:
             elapsed = time.monotonic() - start

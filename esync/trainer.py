@@ -4,7 +4,9 @@ A round is: local iterations while the algorithm says so (one for sync/async/loc
 ESync), then the algorithm's aggregation. Everything mode-specific lives in ``esync.algorithms``.
 """
 import json
+import sys
 import time
+import traceback
 from pathlib import Path
 
 import mxnet as mx
@@ -15,7 +17,7 @@ from esync.algorithms import Worker, algorithm_class
 from esync.checkpoint import CheckpointError, CheckpointStore
 from esync.errors import UsageError, guarded
 from esync.evaluator import EvaluationLog, accuracy
-from esync.kvstore import KeyMap, KVChannel
+from esync.kvstore import KeyMap, KVChannel, leave_job_at_once
 from esync.fsutil import atomic_write_text
 from esync.measure import RoundLogWriter, RoundRecord
 from esync.modes import mode_dir
@@ -26,7 +28,20 @@ COMPUTE_PHASES = ("get_batch", "forward and backward", "local update", "emulated
 
 
 def run(args) -> int:
-    return guarded(lambda: train(args))
+    """Train; a worker that fails leaves the job at once with its error printed (see below)."""
+    try:
+        code = guarded(lambda: train(args))
+    except KeyboardInterrupt:
+        print("main.py: interrupted", file=sys.stderr)
+        code = 130
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:       # noqa: B902 - a programming error: its traceback goes to the log
+        traceback.print_exc()
+        code = 1
+    if code != 0 and KVChannel.joined_job:
+        leave_job_at_once(code)   # never sit in ps-lite's exit barrier waiting for the peers
+    return code
 
 
 def resolve_context(args) -> mx.Context:
@@ -208,6 +223,8 @@ class TrainingLoop:
                 break
         self.algo.close()
         self._close_reports()
+        if w.channel is not None:
+            w.channel.finish()
         print(f"{self.prefix} stopped after round {round_no} ({elapsed:.1f}s)", flush=True)
         return 0
 

@@ -94,3 +94,24 @@ def processes_mentioning(text):
             pids.append(int(entry.name))
     return pids
 
+
+
+def processes_of(folder):
+    """PIDs of live processes whose command line or environment names `folder` (a test's
+    tmp_path): a cluster's processes, including the state server, whose database path is only in
+    its environment."""
+    import re
+    pattern = re.compile(re.escape(str(folder)).encode() + rb"(/|\0|\s|$)")
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            text = (entry / "cmdline").read_bytes() + b"\0" + (entry / "environ").read_bytes()
+            state = next((ln for ln in (entry / "status").read_text().splitlines()
+                          if ln.startswith("State:")), "")
+        except OSError:
+            continue
+        if pattern.search(text) and "zombie" not in state:
+            pids.append(int(entry.name))
+    return pids

@@ -18,7 +18,7 @@ def _route(route: str, view, name: str) -> list:
 
 
 urlpatterns = [
-    path("", views.state, name="state"),
+    path("", views.home, name="state"),
     *_route("health/", views.health, "health"),
     *_route("jobs/", views.jobs, "jobs"),
     *_route("jobs/<str:job>/", views.state, "job-state"),

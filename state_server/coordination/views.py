@@ -18,6 +18,8 @@ DEFAULT_JOB = "default"
 ERR_RUN = "run must be an integer >= 1"
 ERR_KEY = "key (the client's id of this init, to make a retry harmless) must be 1 to 64 characters"
 ERR_BAD_REQUEST = "bad request: {detail}"
+HINT_NO_DEFAULT_JOB = ("the job 'default' has not been initialised yet: POST /init/ creates it; "
+                       "named jobs live at /jobs/<job>/")
 ERR_FORBIDDEN = "forbidden"
 
 
@@ -70,6 +72,16 @@ def rounds(request, fields, job=DEFAULT_JOB):
 @api("GET", changes_state=False)
 def state(request, fields, job=DEFAULT_JOB):
     return selectors.job_state(name=job)
+
+
+@api("GET", changes_state=False)
+def home(request, fields):
+    """``GET /``: the original's view of the job "default"; before its init, the list of jobs."""
+    try:
+        return selectors.job_state(name=DEFAULT_JOB)
+    except services.JobNotFound:
+        return {"job": DEFAULT_JOB, "initialised": False, "hint": HINT_NO_DEFAULT_JOB,
+                "jobs": selectors.job_list()}
 
 
 @api("GET", changes_state=False)
