@@ -105,8 +105,9 @@ class Job:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         leftovers = processes_mentioning(str(self.log_dir))
-        if self.port is not None:                  # gunicorn's command line names its port only
-            leftovers += processes_mentioning(f"127.0.0.1:{self.port}")
+        if self.port is not None:         # the state server's command lines name its port only
+            leftovers += processes_mentioning(f"127.0.0.1:{self.port} ")
+            leftovers += processes_mentioning(f"--port {self.port} ")
         for pid in leftovers:
             try:
                 os.kill(pid, signal.SIGKILL)
