@@ -155,6 +155,10 @@ def add_run_args(parser: argparse.ArgumentParser, *, one_worker: bool = True) ->
                        help="log folder name of this device (default gpuN, or cpuRANK)")
     g.add_argument("--host-name", default=socket.gethostname(),
                    help="log folder name of this host")
+    g.add_argument("--tensorboard", metavar="DIR", default=None,
+                   help="write TensorBoard scalars into DIR: rank 0's loss, throughput, k_i and "
+                        "computing-time ratio, the evaluator's test accuracy (esync-cluster: "
+                        "the job's log folder)")
     e = parser.add_argument_group("ESync")
     e.add_argument("--policy", choices=["dynamic", "planned"], default=config.policy,
                    help="state-server policy: one request per local iteration (dynamic) or "

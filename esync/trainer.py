@@ -21,6 +21,8 @@ from esync.kvstore import KeyMap, KVChannel, control_length, leave_job_at_once
 from esync.fsutil import atomic_write_text
 from esync.measure import RoundLogWriter, RoundRecord
 from esync.modes import mode_dir
+from esync.score_report import ScoreReport
+from esync.tboard import TrainingScalars, forget_earlier_events
 
 COMPUTE_PHASES = ("get_batch", "forward and backward", "local update", "emulated slowdown")
 
@@ -165,6 +167,8 @@ def train(args) -> int:
     if rank == 0:
         if args.overwrite and not args.resume:
             _forget_earlier_run(folder)
+            if args.tensorboard:
+                forget_earlier_events(args.tensorboard)
         _write_run_config(folder, args, num_workers)
     _write_json(writer.folder / "config.json", dict(vars(args), rank=rank, device=device,
                                                     num_workers=num_workers))
@@ -173,6 +177,7 @@ def train(args) -> int:
     worker.keys = KeyMap(len(trainable), len(aux), len(algo.state_arrays()))
     done_rounds, spent, samples = _start_global_model(worker, algo, store, args)
     algo.setup()
+    algo.announce(host=args.host_name, device=device)
     loop = TrainingLoop(worker, algo, stream, writer, store, folder, device, args)
     return loop.run(done_rounds, spent, samples)
 
@@ -195,7 +200,10 @@ class TrainingLoop:
         self.standalone = worker.channel is None
         if self.standalone:
             self.test_set = data.load_fashion_mnist(self.args.data_dir, "test")
+            self.scores = ScoreReport(self.args, prefix=self.prefix)
         self.last_eval = None          # (training seconds when scored, seconds the scoring took)
+        self.scalars = (TrainingScalars(self.args.tensorboard)
+                        if self.args.tensorboard and worker.rank == 0 else None)
 
     def run(self, done_rounds: int, spent: float, samples: int) -> int:
         args, w = self.args, self.w
@@ -241,6 +249,8 @@ class TrainingLoop:
                 # total_time is the training time; wall_time adds inline scoring (standalone)
                 "wall_time": round(wall, 6), **self.algo.round_extras()}
             self.writer.write(record, elapsed, acc)
+            self._write_scalars(round_no, record, k, loss, elapsed,
+                                record.num_samples if round_samples is None else round_samples)
             self._checkpoint(round_no, elapsed, total_samples, stop)
             now = time.perf_counter()
             if stop or now - last_print > 2.0:
@@ -251,11 +261,30 @@ class TrainingLoop:
             if stop:
                 break
         self.algo.close()
+        self._close_reports()
         if w.channel is not None:
             w.channel.finish()
         print(f"{self.prefix} stopped after round {round_no} (training time {elapsed:.1f}s, "
               f"wall time {wall:.1f}s)", flush=True)
         return 0
+
+    def _write_scalars(self, round_no: int, record: RoundRecord, k: int, loss: float,
+                       elapsed: float, samples: int) -> None:
+        """Rank 0's TensorBoard scalars; every worker's k where the exchange carried them."""
+        if self.scalars is None:
+            return
+        known = self.algo.worker_ks
+        worker_ks = dict(enumerate(known)) if known is not None else {self.w.rank: k}
+        extras = record.extras
+        self.scalars.add_round(round_no, loss=loss, compute=extras["compute_time"],
+                               round_seconds=extras["compute_time"] + extras["wait_time"],
+                               samples=samples, elapsed=elapsed, worker_ks=worker_ks)
+
+    def _close_reports(self) -> None:
+        if self.scalars is not None:
+            self.scalars.close()
+        if self.standalone:
+            self.scores.close()
 
     def _latest_accuracy(self):
         """Where the stop is voted on together, rank 0's view is enough: the others skip the read."""
@@ -332,6 +361,7 @@ class TrainingLoop:
                                  "accuracy": round(acc, 5),
                                  "samples": round_no * self.args.batch_size})
         self.evaluations.latest_accuracy = acc
+        self.scores.add(round_no, training_seconds=elapsed, accuracy=acc)
         return acc
 
     def _checkpoint(self, round_no: int, elapsed: float, samples: int, stop: bool) -> None:

@@ -4,6 +4,7 @@ The training loop (``esync.trainer``) exists once; an algorithm only fills in th
 
     prepare()                 before the parameter server's keys are created (optimizer, state server)
     state_arrays()            the algorithm's own state (checkpointed; rank 0's reaches everyone)
+    announce(host, device)    once the job exists everywhere: say where this worker runs (dashboard)
     continue_local(k, c, rec) True while this worker should run another local iteration this round
     local_step(rec)           after the backward pass of each local iteration
     aggregate(rec, want_stop) end of the round: exchange with the other workers; returns "stop now"
@@ -75,6 +76,8 @@ class Algorithm:
     kvstore_type: Optional[str] = None   # 'dist_sync', 'dist_async' or None (standalone)
     collective_stop = False             # stop decided together, through the parameter server
     global_samples: Optional[int] = None   # samples of the last round over all workers, if known
+    worker_ks: Optional[list] = None       # every worker's k_i of the last round, if the exchange
+                                           # carries them (else only this worker's k is known)
 
     def __init__(self, worker: Worker):
         self.worker = worker
@@ -90,6 +93,9 @@ class Algorithm:
 
     def setup(self) -> None:
         """Runs once the global model is in place, before the first round."""
+
+    def announce(self, *, host: str, device: str) -> None:
+        """Runs after setup: tell a coordinator, if the algorithm has one, where this worker runs."""
 
     def continue_local(self, k: int, last_c: float, record: RoundRecord) -> bool:
         return k == 0

@@ -71,6 +71,10 @@ class ESync(Algorithm):
         self.aux = datas(w.aux)
         self.aux_sum = [nd.zeros_like(x) for x in self.aux]
 
+    def announce(self, *, host: str, device: str) -> None:
+        if self.client is not None:
+            self.client.hello(self.worker.rank, host=host, device=device)
+
     def continue_local(self, k: int, last_c: float, record) -> bool:
         cfg, w = self.config, self.worker
         if cfg.local_iters:

@@ -184,6 +184,9 @@ class LocalCluster:
             state_db=str(self.mode_dir / "state_server.sqlite3"))
 
     def plan(self):
+        if self.uses_state_server:
+            print(f"esync-cluster: dashboard at http://{self.hosts.ps.address}:"
+                  f"{self.config.state_port}/dashboard/?job={self.args.job}", flush=True)
         return plan_roles(self.config, self.hosts)
 
     def backend(self):
@@ -341,6 +344,7 @@ def _parse(parser, argv) -> argparse.Namespace:
     # from state_server/, the user from anywhere.
     args.log_dir = str(Path(args.log_dir).resolve())
     args.data_dir = str(Path(args.data_dir).resolve())
+    args.tensorboard = str(Path(args.tensorboard or _mode_dir(args)).resolve())
     remote.prepare(args, sys.argv[1:] if argv is None else list(map(str, argv)))
     if args.backend != "local" and args.net != "loopback":
         raise cli.UsageError(f"--net {args.net} emulates hosts on this machine: it needs "
