@@ -34,7 +34,7 @@ MAIN = REPO / "main.py"
 CLUSTER_DEFAULTS = dict(network="lenet", cpu=1, learning_rate=0.05, local_lr=0.05,
                         eval_duration=10, max_seconds=90.0, mode="esync")
 STATE_SERVER_RESTARTS = 3        # a state server that keeps dying is a failure, not a blip
-DEFAULT_SLOWDOWN = "1,1,4,8"      # DESIGN.md's emulated cluster: two fast, one 4x, one 8x slower
+DEFAULT_SLOWDOWN = "1,1,4,8"      # the emulated cluster: two fast, one 4x, one 8x slower
 LAUNCHER_ONLY = {"workers", "slowdown_list", "devices", "servers", "threads", "port", "state_port",
                  "no_evaluator", "no_summary", "quiet"}
 
