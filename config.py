@@ -7,6 +7,8 @@ import os
 
 _ROOT = os.path.dirname(os.path.abspath(__file__))
 
+# Learning rates keep the original's meaning: a step is lr x the gradient SUMMED over the batch
+# (per-sample loss vector, backward(), step(1)); lr 0.05 on the batch mean at -b 64 is 0.05 / 64.
 learning_rate = 0.001     # -l: SGD learning rate for sync, async, dcasgd and local modes
 local_lr = 0.001          # -ll: learning rate of ESync's local iterations
 global_lr = 1.0           # -gl: ESync's global step: params = start + global_lr * mean(delta)
@@ -32,4 +34,7 @@ max_rounds = 0            # --max-rounds: stop after this many rounds (0: no lim
 max_seconds = 0.0         # --max-seconds: stop after this much training time (0: no limit)
 target_accuracy = 0.0     # --target-accuracy: stop once test accuracy reaches it (0: never)
 policy = "dynamic"        # --policy: ESync state-server policy, dynamic (original) or planned
+aggregation = "mean"      # --aggregation: ESync's rule for the deltas: mean (original), weighted, fednova
+outer_momentum = 0.0      # --outer-momentum: momentum on ESync's aggregated delta (0: none)
+nesterov = False          # --nesterov: Nesterov form of the outer momentum
 epsilon = "auto"        # --epsilon: ESync slack: "auto" (scales with iteration time) or absolute seconds (the original: 0.5)

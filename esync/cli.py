@@ -50,6 +50,7 @@ _non_negative_float = bounded_number(float, low=0, must=">= 0")
 _slowdown = bounded_number(float, low=1, must=">= 1 (a device F times slower)")
 _accuracy = bounded_number(float, low=0, high=1, must="between 0 and 1")
 _port = bounded_number(int, low=1, high=65535, must="a port number 1-65535")
+_momentum = bounded_number(float, low=0, high=0.999, must="a momentum in [0, 0.999]")
 
 
 def _flag01(text):
@@ -93,11 +94,15 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
     from esync.models import NETWORKS
     g = parser.add_argument_group("training (the original ESync's flags)")
     g.add_argument("-l", "--learning-rate", type=_positive_float, default=config.learning_rate,
-                   help="SGD learning rate of sync, async, dcasgd and local modes")
+                   help="SGD learning rate of sync, async, dcasgd and local modes; as in the "
+                        "original, a step is lr x the gradient SUMMED over the batch (lr 0.05 on "
+                        "the batch mean with -b 64 is -l 0.00078125)")
     g.add_argument("-ll", "--local-lr", type=_positive_float, default=config.local_lr,
-                   help="learning rate of ESync's local iterations")
+                   help="learning rate of ESync's local iterations, times the gradient summed "
+                        "over the batch (as -l)")
     g.add_argument("-gl", "--global-lr", type=_positive_float, default=config.global_lr,
-                   help="ESync's global step: params = start + gl * mean(delta)")
+                   help="ESync's global (outer) learning rate: params = start + gl * "
+                        "aggregated delta (see --aggregation, --outer-momentum)")
     g.add_argument("-b", "--batch-size", type=_positive_int, default=config.batch_size,
                    help="samples per iteration on each device")
     g.add_argument("-dd", "--data-dir", default=config.data_dir,
@@ -150,6 +155,10 @@ def add_run_args(parser: argparse.ArgumentParser, *, one_worker: bool = True) ->
                        help="log folder name of this device (default gpuN, or cpuRANK)")
     g.add_argument("--host-name", default=socket.gethostname(),
                    help="log folder name of this host")
+    g.add_argument("--tensorboard", metavar="DIR", default=None,
+                   help="write TensorBoard scalars into DIR: rank 0's loss, throughput, k_i and "
+                        "computing-time ratio, the evaluator's test accuracy (esync-cluster: "
+                        "the job's log folder)")
     e = parser.add_argument_group("ESync")
     e.add_argument("--policy", choices=["dynamic", "planned"], default=config.policy,
                    help="state-server policy: one request per local iteration (dynamic) or "
@@ -159,6 +168,16 @@ def add_run_args(parser: argparse.ArgumentParser, *, one_worker: bool = True) ->
                         "absolute seconds as in the original")
     e.add_argument("--local-iters", type=_non_negative_int, default=0,
                    help="fixed local iterations per round, bypassing the state server (0: ask it)")
+    e.add_argument("--aggregation", choices=["mean", "weighted", "fednova"],
+                   default=config.aggregation,
+                   help="how the workers' deltas are combined: mean (the original), weighted "
+                        "by each worker's local iterations k_i, or fednova (each delta / k_i, "
+                        "rescaled by the mean k)")
+    e.add_argument("--outer-momentum", type=_momentum, default=config.outer_momentum,
+                   help="momentum on the aggregated delta, with -gl as the outer learning rate "
+                        "(DiLoCo: 0.9 with --nesterov and -gl 0.7; 0: none)")
+    e.add_argument("--nesterov", action="store_true", default=config.nesterov,
+                   help="Nesterov form of --outer-momentum")
     e.add_argument("--job", default=os.environ.get("ESYNC_JOB", "default"),
                    help="job id on the state server")
     e.add_argument("--state-token", default=os.environ.get("ESYNC_STATE_TOKEN"),
@@ -181,7 +200,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         raise UsageError("--resume and --overwrite exclude each other")
     if args.eval_duration == "auto" and args.mode != "local":
         args.eval_duration = 1    # a cluster checkpoints every round; its evaluator scores them
+    check_esync_options(args)
     return args
+
+
+def check_esync_options(args) -> None:
+    """Combinations of ESync flags that cannot work (shared by main.py and esync-cluster)."""
+    if args.nesterov and not args.outer_momentum:
+        raise UsageError("--nesterov needs an --outer-momentum above 0 (DiLoCo uses 0.9)")
 
 
 def dmlc_environment(role: str, env=os.environ) -> dict:
@@ -213,6 +239,9 @@ def main(argv=None) -> int:
     try:
         if role:
             dmlc_environment(role)
+        if role in ("scheduler", "server", "worker"):
+            from esync.netif import choose_dmlc_interface
+            choose_dmlc_interface()     # the interface that routes to the scheduler, if unset
         if role == "evaluator":
             # MXNet starts a ps-lite server at import for any DMLC_ROLE other than worker; the
             # evaluator is no ps-lite node, so the variable must be gone before MXNet loads.

@@ -4,10 +4,15 @@ Run beside a job (the launcher does it for you):
 
     DMLC_ROLE=evaluator python main.py -m sync -n lenet -ld logs
 
-It watches ``<log_dir>/<network>/<mode_dir>/checkpoints/``, scores each new checkpoint in order
-(skipping to the newest when it falls behind) and appends one JSON line per checkpoint to
-``<mode_dir>/evaluations.jsonl``: ``{"round", "total_time", "accuracy", "samples"}``. It stops
-when the job's rank 0 has marked the folder done and the last checkpoint is scored.
+It watches ``<log_dir>/<network>/<mode_dir>/checkpoints/`` and scores **every** checkpoint,
+appending one JSON line each to ``<mode_dir>/evaluations.jsonl``:
+``{"round", "total_time", "accuracy", "samples"}``. Time to a target accuracy is read from these
+lines, so none may be skipped. While training runs and the evaluator keeps up, it scores in
+round order; when it falls behind, it scores the newest checkpoint first (rank 0's stop vote on
+``--target-accuracy`` needs a current accuracy) and the ones it passed over later, after training
+has ended if need be. It stops when the job's rank 0 has marked the folder done and every
+checkpoint is scored. Lines may therefore be out of round order; readers sort them. Each score
+also goes to TensorBoard and the state server's dashboard (``esync.score_report``).
 """
 import json
 import os
@@ -19,6 +24,7 @@ import numpy as np
 
 from esync import data, models
 from esync.checkpoint import CheckpointError, CheckpointStore
+from esync.score_report import ScoreReport
 
 
 def accuracy(net, images: np.ndarray, labels: np.ndarray, ctx: mx.Context, input_size: int,
@@ -40,6 +46,7 @@ class EvaluationLog:
     def __init__(self, path: Path):
         self.path = Path(path)
         self._offset = 0
+        self._latest_round = -1
         self.latest_accuracy: float | None = None
 
     def append(self, entry: dict) -> None:
@@ -49,7 +56,11 @@ class EvaluationLog:
             os.fsync(f.fileno())
 
     def poll(self) -> float | None:
-        """Read lines appended since the last call; return the latest accuracy seen."""
+        """Read lines appended since the last call; return the accuracy of the newest round.
+
+        The evaluator may append an older round after a newer one (catching up); that older
+        score does not replace the newer one.
+        """
         try:
             with open(self.path) as f:
                 f.seek(self._offset)
@@ -60,13 +71,26 @@ class EvaluationLog:
         self._offset += len(complete)
         for line in complete.splitlines():
             try:
-                self.latest_accuracy = float(json.loads(line)["accuracy"])
-            except (ValueError, KeyError, TypeError):
+                entry = json.loads(line)
+                accuracy, round_no = float(entry["accuracy"]), entry.get("round")
+            except (ValueError, KeyError, TypeError, AttributeError):
                 continue
+            round_no = round_no if isinstance(round_no, int) else self._latest_round
+            if round_no >= self._latest_round:
+                self._latest_round, self.latest_accuracy = round_no, accuracy
         return self.latest_accuracy
 
 
 def run(args, mode_dir: Path, *, poll_seconds: float = 0.2, idle_timeout: float = 0.0) -> int:
+    report = ScoreReport(args)
+    try:
+        return _score_checkpoints(args, mode_dir, report, poll_seconds, idle_timeout)
+    finally:
+        report.close()
+
+
+def _score_checkpoints(args, mode_dir: Path, report: ScoreReport, poll_seconds: float,
+                       idle_timeout: float) -> int:
     ctx = mx.cpu() if args.cpu else mx.gpu(args.gpu)
     images, labels = data.load_fashion_mnist(args.data_dir, "test")
     net = models.build(args.network, ctx, seed=args.seed)
@@ -90,9 +114,7 @@ def run(args, mode_dir: Path, *, poll_seconds: float = 0.2, idle_timeout: float 
             time.sleep(poll_seconds)
             continue
         idle_since = time.monotonic()
-        path = pending[-1] if len(pending) > 2 and not done else pending[0]
-        for skipped in pending[:pending.index(path)]:
-            scored.add(_round_of(skipped))
+        path = next_checkpoint(pending, training_ended=done)
         try:
             meta, arrays = store.load(path, network=args.network, shapes=shapes)
         except CheckpointError as exc:
@@ -102,9 +124,21 @@ def run(args, mode_dir: Path, *, poll_seconds: float = 0.2, idle_timeout: float 
         acc = accuracy(net, images, labels, ctx, size)
         log.append({"round": meta["round"], "total_time": meta["total_time"],
                     "accuracy": round(acc, 5), "samples": meta.get("samples")})
+        report.add(meta["round"], training_seconds=meta["total_time"], accuracy=acc)
         scored.add(meta["round"])
         print(f"[evaluator] round {meta['round']} t={meta['total_time']:.1f}s "
               f"accuracy {acc:.4f}", flush=True)
+
+
+BEHIND = 2     # more pending checkpoints than this while training: score the newest first
+
+
+def next_checkpoint(pending: list[Path], *, training_ended: bool) -> Path:
+    """Which pending checkpoint (in round order) to score now; the others stay pending.
+
+    In order while keeping up or once training has ended; the newest first while behind.
+    """
+    return pending[-1] if len(pending) > BEHIND and not training_ended else pending[0]
 
 
 def _round_of(path: Path) -> int:

@@ -3,21 +3,30 @@
     client = StateClient("http://10.1.1.34:10010", job="resnet18", token=os.environ["ESYNC_STATE_TOKEN"])
     client.init(num_workers=6)                     # rank 0, once, before training
     client.reset(rank, 1)                          # entering round 1
-    while not client.apply(rank, k, c): ...        # dynamic policy: before each local iteration
-    k_round = client.plan(rank, c)                 # planned policy: once per round
+    while not client.apply(rank, k, c, t): ...     # dynamic policy: before each local iteration
+    k_round = client.plan(rank, c, t)              # planned policy: once per round (legacy)
+    plan = client.report_round(t, ks, cs)          # planned policy, rank 0, once per round
 
 One keep-alive connection (``requests.Session``) per client; use one client per thread.
-Connection errors, timeouts and 5xx answers are retried with exponential back-off for up to
-``retry_for`` seconds, so a restart of the state server pauses a job instead of killing it; a 4xx
-answer (bad field, wrong token, unknown job) raises ``StateServerError`` at once with the server's
-message. ``requests_made`` counts HTTP requests sent, retries included (logged per round).
+Every transport failure (refused or reset connections, timeouts, an answer cut off mid-body,
+protocol and decoding errors) and every 5xx answer is retried with exponential back-off for up
+to ``retry_for`` seconds, so a restart of the state server pauses a job instead of killing it.
+Retrying is safe because every state-changing call is idempotent on the server: calls carry the
+round ``t``, rounds only move forward, ``k`` is a count rather than an increment, and ``init``
+carries a key chosen once per call. A 4xx answer (bad field, wrong token, unknown job) raises
+``StateServerError`` at once with the server's message. ``requests_made`` counts HTTP requests
+sent, retries included (logged per round).
 """
 from __future__ import annotations
 
+import http.client
+import logging
+import secrets
 import threading
 import time
 
 import requests
+import urllib3
 
 from esync.errors import UserError
 
@@ -27,6 +36,16 @@ BACKOFF_MAX = 2.0        # longest pause between two tries
 ERR_UNAVAILABLE = "state server {url} unreachable for {seconds:.1f} s: {detail}"
 ERR_REJECTED = "state server rejected {path} (HTTP {status}): {message}"
 ERR_NOT_JSON = "state server answered {path} with something that is not JSON (HTTP {status})"
+
+
+log = logging.getLogger(__name__)
+
+# Errors of the caller, not of the transport: retrying cannot help.
+PROGRAMMING_ERRORS = (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema,
+                      requests.exceptions.InvalidSchema, requests.exceptions.URLRequired,
+                      requests.exceptions.InvalidHeader, requests.exceptions.InvalidJSONError)
+TRANSPORT_ERRORS = (requests.RequestException, urllib3.exceptions.HTTPError,
+                    http.client.HTTPException, ConnectionError, TimeoutError)
 
 
 class StateServerError(UserError, RuntimeError):
@@ -56,29 +75,65 @@ class StateClient:
     # -- the API ------------------------------------------------------------------------
 
     def init(self, num_workers: int, epsilon: float | str = "auto", policy: str = "dynamic") -> dict:
-        """Create the job (or start a new run of it): round 1, no worker state."""
+        """Create the job (or start a new run of it): round 1, no worker state.
+
+        A key drawn once per call makes its retries harmless (they start no second run).
+        """
         return self._post("init", {"num_workers": num_workers, "epsilon": epsilon,
-                                   "policy": policy})
+                                   "policy": policy, "key": secrets.token_hex(16)})
 
-    def apply(self, rank: int, k: int, c: float) -> bool:
-        """Dynamic policy: should worker ``rank`` stop computing and aggregate now?"""
-        return bool(self._post("apply", {"r": rank, "k": k, "c": c})["ready"])
+    def apply(self, rank: int, k: int, c: float, t: int | None = None) -> bool:
+        """Dynamic policy: should worker ``rank`` (in round ``t``) stop computing now?"""
+        fields = {"r": rank, "k": k, "c": c}
+        if t is not None:
+            fields["t"] = t
+        return bool(self._post("apply", fields)["ready"])
 
-    def plan(self, rank: int, c: float) -> int:
-        """Planned policy: how many local iterations to run this round."""
-        return int(self._post("plan", {"r": rank, "c": c})["k"])
+    def plan(self, rank: int, c: float, t: int | None = None) -> int:
+        """Planned policy (one call per worker): local iterations to run in round ``t``."""
+        fields = {"r": rank, "c": c}
+        if t is not None:
+            fields["t"] = t
+        return int(self._post("plan", fields)["k"])
+
+    def report_round(self, t: int, k, c) -> list[int]:
+        """Planned policy, rank 0: every worker's k and c of round ``t``; returns the plan.
+
+        The plan holds every worker's local iterations for the next round the server can still
+        influence; a repeated report of round ``t`` returns the same plan.
+        """
+        return self.report_rounds([(t, k, c)])[1]
+
+    def report_rounds(self, reports) -> tuple[int, list[int]]:
+        """Several ``(t, k, c)`` round reports in order, in one call (a reporter that fell
+        behind catches up; at most 64, and at most 2 MiB of JSON); returns the last ``(t, plan)``.
+        """
+        answer = self._post("rounds", {"rounds": [
+            {"t": t, "k": [int(v) for v in k], "c": [float(v) for v in c]}
+            for t, k, c in reports]})
+        return int(answer["t"]), [int(v) for v in answer["plan"]]
 
     def reset(self, rank: int, round: int) -> dict:
         """Tell the server that worker ``rank`` now enters ``round``."""
         return self._post("reset", {"r": rank, "t": round})
 
+    def hello(self, rank: int, *, host: str, device: str) -> dict:
+        """Tell the dashboard where worker ``rank`` runs (once, at start)."""
+        return self._post("hello", {"r": rank, "host": host, "device": device})
+
+    def score(self, round: int, *, time: float, accuracy: float) -> dict:
+        """Evaluator: the test accuracy of the checkpoint of ``round``, for the dashboard."""
+        return self._post("scores", {"round": round, "time": time, "accuracy": accuracy})
+
     def state(self) -> dict:
         """The live state of the job (every worker's k, c, ready, round)."""
         return self._request("GET", self._path(""))
 
-    def history(self, *, run: int | None = None) -> dict:
-        """Closed rounds of the job as persisted by the server."""
-        params = {} if run is None else {"run": run}
+    def history(self, *, run: int | None = None, since: int | None = None,
+                limit: int | None = None) -> dict:
+        """Closed rounds of the job as persisted by the server (``since``: first round)."""
+        params = {name: value for name, value in (("run", run), ("since", since),
+                                                  ("limit", limit)) if value is not None}
         return self._request("GET", self._path("history"), params=params)
 
     def close(self) -> None:
@@ -102,17 +157,27 @@ class StateClient:
         url = self.base_url + path
         deadline = time.monotonic() + self.retry_for
         pause = BACKOFF_FIRST
+        failures = 0
         while True:
             with self._count_lock:
                 self.requests_made += 1
             try:
                 response = self._session.request(method, url, timeout=self.timeout, **kwargs)
-            except (requests.ConnectionError, requests.Timeout) as exc:
+            except PROGRAMMING_ERRORS:
+                raise
+            except TRANSPORT_ERRORS as exc:
                 detail = f"{type(exc).__name__}: {exc}"
             else:
                 if response.status_code < 500:
+                    if failures:
+                        log.warning("state server %s answered %s again after %d failed tries",
+                                    self.base_url, path, failures)
                     return self._decode(response, path)
                 detail = f"HTTP {response.status_code}"
+            failures += 1
+            if failures == 1:
+                log.warning("state server call %s %s failed (%s); retrying for up to %.0f s",
+                            method, path, detail, self.retry_for)
             now = time.monotonic()
             if now >= deadline:
                 raise StateServerError(ERR_UNAVAILABLE.format(

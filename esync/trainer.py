@@ -13,20 +13,18 @@ import mxnet as mx
 from mxnet import autograd, gluon
 
 from esync import data, models
-from esync.algorithms import Worker, algorithm_class, mode_dir_name
+from esync.algorithms import AlgorithmConfig, Worker, algorithm_class
 from esync.checkpoint import CheckpointError, CheckpointStore
 from esync.errors import UsageError, guarded
 from esync.evaluator import EvaluationLog, accuracy
-from esync.kvstore import KeyMap, KVChannel, leave_job_at_once
+from esync.kvstore import KeyMap, KVChannel, control_length, leave_job_at_once
 from esync.fsutil import atomic_write_text
 from esync.measure import RoundLogWriter, RoundRecord
+from esync.modes import mode_dir
+from esync.score_report import ScoreReport
+from esync.tboard import TrainingScalars, forget_earlier_events
 
 COMPUTE_PHASES = ("get_batch", "forward and backward", "local update", "emulated slowdown")
-
-
-def mode_dir(args) -> Path:
-    return (Path(args.log_dir) / args.network
-            / mode_dir_name(args.mode, args.use_dcasgd, args.split_by_class))
 
 
 def run(args) -> int:
@@ -103,14 +101,15 @@ def _device_name(args, rank: int) -> str:
     return f"cpu{rank}" if args.cpu else f"gpu{args.gpu}"
 
 
-def _start_global_model(worker: Worker, store: CheckpointStore | None, resume: bool):
-    """Rank 0's model (fresh or from the last checkpoint) becomes everyone's starting point.
+def _start_global_model(worker: Worker, algo, store: CheckpointStore | None, args):
+    """Rank 0's model and algorithm state (fresh or from the last checkpoint) become everyone's
+    starting point.
 
     Returns (first round number - 1, training seconds already spent, samples already seen).
     """
-    args, net = worker.args, worker.net
+    net, state = worker.net, algo.state_arrays()
     start = (0, 0.0, 0)
-    if resume and store is not None and worker.rank == 0:
+    if args.resume and store is not None and worker.rank == 0:
         found = store.latest(network=args.network,
                              shapes={k: p.shape for k, p in models.named_parameters(net).items()})
         if found is None:
@@ -118,6 +117,7 @@ def _start_global_model(worker: Worker, store: CheckpointStore | None, resume: b
         path, meta, arrays = found
         from esync.evaluator import load_into
         load_into(net, arrays)
+        _restore_state(state, store.read_state(path), path)
         store.clear_done()
         start = (int(meta["round"]), float(meta["total_time"]), int(meta.get("samples") or 0))
         print(f"[rank 0] resuming from {path.name} (round {start[0]})", flush=True)
@@ -125,13 +125,26 @@ def _start_global_model(worker: Worker, store: CheckpointStore | None, resume: b
         return start
     keys = worker.keys
     values = ([p.data() for p in worker.trainable] + [p.data() for p in worker.aux]
-              + [mx.nd.zeros(2), mx.nd.array(start)])
-    all_keys = keys.trainable + keys.aux + [keys.control, keys.meta]
+              + list(state.values()) + [mx.nd.zeros(control_length(worker.num_workers)),
+                                        mx.nd.array(start)])
+    all_keys = keys.trainable + keys.aux + keys.state + [keys.control, keys.meta]
     worker.channel.init(all_keys, values)
     worker.channel.pull(all_keys[:-2] + [keys.meta], values[:-2] + [values[-1]])
     worker.channel.bytes_pulled = 0
     first, seconds, samples = values[-1].asnumpy().tolist()
     return int(first), float(seconds), int(samples)
+
+
+def _restore_state(state: dict, saved: dict, path) -> None:
+    """Put the algorithm state of a checkpoint back (e.g. ESync's outer momentum)."""
+    for name, array in state.items():
+        if name not in saved:
+            print(f"[rank 0] {path.name} holds no {name}: it starts from zero", flush=True)
+            continue
+        if tuple(saved[name].shape) != tuple(array.shape):
+            raise CheckpointError(f"checkpoint {path}: {name} has shape {saved[name].shape}, "
+                                  f"this run needs {array.shape}")
+        array[:] = saved[name]
 
 
 def train(args) -> int:
@@ -144,8 +157,9 @@ def train(args) -> int:
     stream = _shard(args, rank, num_workers)          # bad data fails before any folder is made
     net = models.build(args.network, ctx, seed=args.seed)
     trainable, aux = models.trainable_and_aux(net)
-    worker = Worker(args=args, ctx=ctx, net=net, trainable=trainable, aux=aux, channel=channel,
-                    keys=KeyMap(len(trainable), len(aux)), rank=rank, num_workers=num_workers)
+    worker = Worker(config=AlgorithmConfig.from_args(args), ctx=ctx, net=net,
+                    trainable=trainable, aux=aux, channel=channel, rank=rank,
+                    num_workers=num_workers)
     device = _device_name(args, rank)
     writer = RoundLogWriter(folder / args.host_name / device, overwrite=args.overwrite,
                             resume=args.resume)
@@ -153,14 +167,18 @@ def train(args) -> int:
     if rank == 0:
         if args.overwrite and not args.resume:
             _forget_earlier_run(folder)
+            if args.tensorboard:
+                forget_earlier_events(args.tensorboard)
         _write_run_config(folder, args, num_workers)
     _write_json(writer.folder / "config.json", dict(vars(args), rank=rank, device=device,
                                                     num_workers=num_workers))
     algo = algo_cls(worker)
     algo.prepare()
-    done_rounds, spent, samples = _start_global_model(worker, store, args.resume)
+    worker.keys = KeyMap(len(trainable), len(aux), len(algo.state_arrays()))
+    done_rounds, spent, samples = _start_global_model(worker, algo, store, args)
     algo.setup()
-    loop = TrainingLoop(worker, algo, stream, writer, store, folder, device)
+    algo.announce(host=args.host_name, device=device)
+    loop = TrainingLoop(worker, algo, stream, writer, store, folder, device, args)
     return loop.run(done_rounds, spent, samples)
 
 
@@ -172,9 +190,9 @@ def _forget_earlier_run(folder: Path) -> None:
 
 
 class TrainingLoop:
-    def __init__(self, worker, algo, stream, writer, store, folder, device):
+    def __init__(self, worker, algo, stream, writer, store, folder, device, args):
         self.w, self.algo, self.stream, self.writer, self.store = worker, algo, stream, writer, store
-        self.args = worker.args
+        self.args = args
         self.loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
         self.criteria = StopCriteria(self.args)
         self.evaluations = EvaluationLog(folder / "evaluations.jsonl")
@@ -182,7 +200,10 @@ class TrainingLoop:
         self.standalone = worker.channel is None
         if self.standalone:
             self.test_set = data.load_fashion_mnist(self.args.data_dir, "test")
+            self.scores = ScoreReport(self.args, prefix=self.prefix)
         self.last_eval = None          # (training seconds when scored, seconds the scoring took)
+        self.scalars = (TrainingScalars(self.args.tensorboard)
+                        if self.args.tensorboard and worker.rank == 0 else None)
 
     def run(self, done_rounds: int, spent: float, samples: int) -> int:
         args, w = self.args, self.w
@@ -196,11 +217,13 @@ class TrainingLoop:
               f"{w.num_workers} worker(s), slow-down x{args.slowdown:g}", flush=True)
         while True:
             round_no += 1
+            w.round_no = round_no
             record = RoundRecord(round_no)
             round_start = time.perf_counter()
             pushed0, pulled0 = w.channel.counters() if w.channel else (0, 0)
             requests0 = self.algo.state_requests()
             k, last_c, loss = self._local_phase(record, last_c)
+            w.round_k, w.round_c = k, last_c
             w.samples_this_round = record.num_samples
             now = time.perf_counter()
             elapsed = now - clock0
@@ -224,8 +247,10 @@ class TrainingLoop:
                 "state_requests": self.algo.state_requests() - requests0,
                 "train_loss": round(loss, 5),
                 # total_time is the training time; wall_time adds inline scoring (standalone)
-                "wall_time": round(wall, 6)}
+                "wall_time": round(wall, 6), **self.algo.round_extras()}
             self.writer.write(record, elapsed, acc)
+            self._write_scalars(round_no, record, k, loss, elapsed,
+                                record.num_samples if round_samples is None else round_samples)
             self._checkpoint(round_no, elapsed, total_samples, stop)
             now = time.perf_counter()
             if stop or now - last_print > 2.0:
@@ -236,11 +261,30 @@ class TrainingLoop:
             if stop:
                 break
         self.algo.close()
+        self._close_reports()
         if w.channel is not None:
             w.channel.finish()
         print(f"{self.prefix} stopped after round {round_no} (training time {elapsed:.1f}s, "
               f"wall time {wall:.1f}s)", flush=True)
         return 0
+
+    def _write_scalars(self, round_no: int, record: RoundRecord, k: int, loss: float,
+                       elapsed: float, samples: int) -> None:
+        """Rank 0's TensorBoard scalars; every worker's k where the exchange carried them."""
+        if self.scalars is None:
+            return
+        known = self.algo.worker_ks
+        worker_ks = dict(enumerate(known)) if known is not None else {self.w.rank: k}
+        extras = record.extras
+        self.scalars.add_round(round_no, loss=loss, compute=extras["compute_time"],
+                               round_seconds=extras["compute_time"] + extras["wait_time"],
+                               samples=samples, elapsed=elapsed, worker_ks=worker_ks)
+
+    def _close_reports(self) -> None:
+        if self.scalars is not None:
+            self.scalars.close()
+        if self.standalone:
+            self.scores.close()
 
     def _latest_accuracy(self):
         """Where the stop is voted on together, rank 0's view is enough: the others skip the read."""
@@ -249,16 +293,24 @@ class TrainingLoop:
         return self.evaluations.poll()
 
     def _warm_up(self) -> float:
-        """One step on a dummy batch: compiles the graph, gives the first c_i, uses no data."""
+        """One step on a dummy batch: compiles the graph, gives the first c_i, uses no data.
+
+        The training-mode forward pass would move batch-norm running statistics towards the
+        dummy batch's, so they are put back afterwards.
+        """
         size = models.input_size(self.args.network)
         data_ = mx.nd.zeros((self.args.batch_size, 1, size, size), ctx=self.w.ctx)
         label = mx.nd.zeros((self.args.batch_size,), ctx=self.w.ctx)
+        saved = [p.data().copy() for p in self.w.aux]
         start = time.perf_counter()
         with autograd.record():
             loss = self.loss_fn(self.w.net(data_), label)
         loss.backward()
         mx.nd.waitall()
-        return (time.perf_counter() - start) * self.args.slowdown
+        seconds = (time.perf_counter() - start) * self.args.slowdown
+        for p, value in zip(self.w.aux, saved):
+            p.set_data(value)
+        return seconds
 
     def _local_phase(self, record: RoundRecord, last_c: float):
         k, loss_sum = 0, 0.0
@@ -274,7 +326,7 @@ class TrainingLoop:
                 with autograd.record():
                     loss = self.loss_fn(self.w.net(x), y)
                 loss.backward()
-            self.algo.local_step(record, self.args.batch_size)
+            self.algo.local_step(record)
             if self.args.slowdown > 1:
                 busy = record.current()
                 work = busy.get("forward and backward", 0.0) + busy.get("local update", 0.0)
@@ -309,6 +361,7 @@ class TrainingLoop:
                                  "accuracy": round(acc, 5),
                                  "samples": round_no * self.args.batch_size})
         self.evaluations.latest_accuracy = acc
+        self.scores.add(round_no, training_seconds=elapsed, accuracy=acc)
         return acc
 
     def _checkpoint(self, round_no: int, elapsed: float, samples: int, stop: bool) -> None:
@@ -320,7 +373,8 @@ class TrainingLoop:
             self.store.save(round_no, arrays, {
                 "network": self.args.network, "mode": self.args.mode,
                 "total_time": round(elapsed, 6), "samples": samples,
-                "config": _jsonable(vars(self.args))})
+                "config": _jsonable(vars(self.args))},
+                state={name: a.asnumpy() for name, a in self.algo.state_arrays().items()})
         if stop:
             self.store.mark_done({"round": round_no, "total_time": elapsed})
 

@@ -2,8 +2,7 @@
 """Django's command-line utility for the ESync state server.
 
 From the repository root:
-    python state_server/manage.py migrate
-    python state_server/manage.py runserver 0.0.0.0:10010          # development
+    python state_server/manage.py runserver 0.0.0.0:10010          # development; migrates first
 Production: see state_server/README.md (gunicorn, one process, threads).
 """
 import os
@@ -29,11 +28,22 @@ def _announce_token() -> None:
           "Workers must send it (Authorization: Bearer <token>).", file=sys.stderr, flush=True)
 
 
+def _migrate_before_serving() -> None:
+    """runserver on a fresh checkout: apply the migrations first (once, not in the reloader's child)."""
+    if "runserver" not in sys.argv or os.environ.get("RUN_MAIN") == "true":
+        return
+    import django
+    from django.core.management import call_command
+    django.setup()
+    call_command("migrate", interactive=False, verbosity=1)
+
+
 def main() -> None:
     sys.path.insert(0, str(SERVER_DIR))
     sys.path.append(str(SERVER_DIR.parent))     # the esync package, when it is not installed
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "esync_state.settings")
     _announce_token()
+    _migrate_before_serving()
     from django.core.management import execute_from_command_line
     execute_from_command_line(sys.argv)
 

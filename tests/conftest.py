@@ -89,3 +89,62 @@ def real_fashion_subset(real_fashion_dir, tmp_path_factory):
     return data_dir
 
 # end of foundation fixtures --------------------------------------------------------------------
+
+
+# launcher fixtures -----------------------------------------------------------------------------
+# Every test that starts a launcher (or anything else that starts a cluster) goes through
+# `launcher`, so a failing or timed-out test never leaves processes behind.
+
+
+@pytest.fixture
+def launcher(tmp_path):
+    """Start launchers (see ``Launchers``); whether the test passes, fails or times out
+    (pytest-timeout's default signal method runs teardown), none of their processes outlive it."""
+    from support import Launchers
+    launchers = Launchers(tmp_path)
+    yield launchers
+    launchers.remove_all()
+
+
+# end of launcher fixtures ----------------------------------------------------------------------
+
+
+# backends fixtures ------------------------------------------------------------------------------
+# Real daemons the ssh and Slurm backends are tested against (see daemons.py); each is stopped by
+# its process id when the test ends, whatever the outcome.
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory):
+    """An sshd on 127.0.0.1 with key auth; ``sshd.ssh_config`` is the client's ``ssh -F`` file.
+
+    One per test module (the tests of a module share it; each uses its own log folder)."""
+    from daemons import Sshd, why_not_sshd
+
+    reason = why_not_sshd()
+    if reason:
+        pytest.skip(reason)
+    daemon = Sshd(tmp_path_factory.mktemp("sshd")).start()
+    try:
+        yield daemon
+    finally:
+        daemon.stop()
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    """A single-node Slurm (munged, slurmctld, slurmd); ``slurm.env`` holds its SLURM_CONF.
+
+    One per test module (starting Slurm takes seconds); each test submits its own jobs."""
+    from daemons import SlurmCluster, why_not_slurm
+
+    reason = why_not_slurm()
+    if reason:
+        pytest.skip(reason)
+    cluster = SlurmCluster().start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+# end of backends fixtures -----------------------------------------------------------------------

@@ -168,8 +168,12 @@ def test_checkpoints_survive_sigkill_whole_or_not_at_all(tmp_path):
         child = subprocess.Popen([sys.executable, "-c", SAVER, str(folder), str(cycle)],
                                  cwd=REPO, stdout=subprocess.PIPE, text=True)
         try:
-            assert child.stdout.readline().startswith("saving"), "the saver did not start"
-            time.sleep(rng.uniform(0.02, 0.4))   # a few saves in, then at a random moment
+            # Wait for three whole saves (rounds 1-3 exist), whatever the machine's speed,
+            # then kill at a random moment of the following saves.
+            for expected in range(4):
+                line = child.stdout.readline()
+                assert line.startswith(f"saving {expected}"), f"the saver said {line!r}"
+            time.sleep(rng.uniform(0.02, 0.4))
             killed_mid_run += child.poll() is None
             child.send_signal(signal.SIGKILL)
         finally:

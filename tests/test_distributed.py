@@ -8,31 +8,95 @@ from mxnet import autograd, gluon
 
 from support import device_logs, processes_mentioning, run_cluster, write_fashion_dir
 from esync import data, models
+from esync.algorithms.async_ import DCASGD_LAMBDA
 from esync.checkpoint import CheckpointStore
+from esync.policy import plan_round
 
-LR, BATCH, STEPS, SEED = 0.1, 8, 3, 1
+LR, BATCH, STEPS, SEED = 0.0125, 8, 3, 1     # LR x the batch-summed gradient (0.1 on the mean)
 
 
-def reference_sgd(data_dir, workers=2, steps=STEPS):
-    """Single-process SGD on the union of the workers' batches, in their order: the SSGD truth."""
-    images, labels = data.load_fashion_mnist(data_dir, "train")
-    streams = []
-    for rank in range(workers):
+class Replica:
+    """One worker of the original algorithms, in process: its own copy of the model and its shard."""
+
+    def __init__(self, data_dir, network, workers, rank, batch):
+        images, labels = data.load_fashion_mnist(data_dir, "train")
         index = data.partition(labels, workers, rank, seed=SEED)
-        streams.append(data.BatchStream(images[index], labels[index], BATCH, 28, mx.cpu(),
-                                        seed=SEED * 1000 + rank))
-    net = models.build("lenet", mx.cpu(), seed=SEED)
-    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": LR}, kvstore=None)
-    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-    for _ in range(steps):
-        batches = [s.next_batch() for s in streams]
-        x = mx.nd.concat(*[b[0] for b in batches], dim=0)
-        y = mx.nd.concat(*[b[1] for b in batches], dim=0)
+        self.stream = data.BatchStream(images[index], labels[index], batch,
+                                       models.input_size(network), mx.cpu(),
+                                       seed=SEED * 1000 + rank)
+        self.net = models.build(network, mx.cpu(), seed=SEED)
+        self.params = models.named_parameters(self.net)
+        self.trainable = {n: p for n, p in self.params.items() if p.grad_req != "null"}
+        self.aux = {n: p for n, p in self.params.items() if p.grad_req == "null"}
+
+    def backward(self):
+        """Gradients summed over the next batch (per-sample loss vector, as the original)."""
+        x, y = self.stream.next_batch()
         with autograd.record():
-            loss = loss_fn(net(x), y)
+            loss = LOSS(self.net(x), y)
         loss.backward()
-        trainer.step(BATCH * workers)
-    return {k: p.data().asnumpy() for k, p in models.named_parameters(net).items()}
+
+    def values(self):
+        return {n: p.data().asnumpy() for n, p in self.params.items()}
+
+
+LOSS = gluon.loss.SoftmaxCrossEntropyLoss()
+
+
+def replicas(data_dir, network="lenet", workers=2, batch=BATCH):
+    return [Replica(data_dir, network, workers, rank, batch) for rank in range(workers)]
+
+
+def average_aux(reps):
+    for name in reps[0].aux:
+        mean = sum(r.aux[name].data() for r in reps) / len(reps)
+        for r in reps:
+            r.aux[name].set_data(mean)
+
+
+def original_sync(reps, steps=STEPS, lr=LR):
+    """The original's sync trainer: w -= lr * (sum of batch-summed gradients) / N; BN averaged."""
+    for _ in range(steps):
+        for r in reps:
+            r.backward()
+        for name in reps[0].trainable:
+            total = sum(r.trainable[name].grad() for r in reps)
+            for r in reps:
+                r.trainable[name].set_data(r.trainable[name].data() - lr * total / len(reps))
+        average_aux(reps)
+    return reps[0].values()
+
+
+def original_esync(reps, rounds, local_iters, local_lr, global_lr=1.0):
+    """The original's ESync round with fixed k: local SGD steps, mean delta, BN averaged."""
+    for _ in range(rounds):
+        start = {n: p.data().copy() for n, p in reps[0].trainable.items()}
+        for r in reps:
+            for _ in range(local_iters):
+                r.backward()
+                for p in r.trainable.values():
+                    p.set_data(p.data() - local_lr * p.grad())
+        for name in start:
+            mean = sum(r.trainable[name].data() - start[name] for r in reps) / len(reps)
+            for r in reps:
+                r.trainable[name].set_data(start[name] + global_lr * mean)
+        average_aux(reps)
+    return reps[0].values()
+
+
+def server_replay(data_dir, steps, lr, dc_lambda=0.0, batch=16):
+    """One async worker against a server running MXNet's SGD (dc_lambda=0) or DC-ASGD update:
+    w <- w - lr * (g + lambda * g * g * (w - w_prev)), w_prev the weight before the last update."""
+    (rep,) = replicas(data_dir, workers=1, batch=batch)
+    previous = {n: p.data().copy() for n, p in rep.trainable.items()}
+    for _ in range(steps):
+        rep.backward()
+        for name, p in rep.trainable.items():
+            w, g = p.data(), p.grad()
+            updated = w - lr * (g + dc_lambda * g * g * (w - previous[name]))
+            previous[name] = w.copy()
+            p.set_data(updated)
+    return rep.values()
 
 
 def untrained_accuracy(data_dir):
@@ -46,9 +110,9 @@ def scores(mode_dir):
     return [json.loads(line)["accuracy"] for line in lines]
 
 
-def final_checkpoint(mode_dir, steps=STEPS):
+def final_checkpoint(mode_dir, steps=STEPS, network="lenet"):
     store = CheckpointStore(mode_dir / "checkpoints")
-    meta, arrays = store.load(store.path_for(steps), network="lenet")
+    meta, arrays = store.load(store.path_for(steps), network=network)
     return arrays
 
 
@@ -64,50 +128,115 @@ def small_data(tmp_path_factory):
                              test_per_class=20)
 
 
-def test_two_worker_sync_equals_single_process_sgd(tmp_path, small_data):
+def test_two_worker_sync_equals_the_original_sync_step(tmp_path, small_data):
     run_cluster(tmp_path, small_data, "-m", "sync", "--workers", 2, "--slowdown", "1",
                 "-l", LR, "-b", BATCH, "--max-rounds", STEPS, "-e", 1, "--max-seconds", 0,
                 "--seed", SEED, "--no-evaluator")
-    assert_same_model(final_checkpoint(tmp_path / "lenet" / "sync"), reference_sgd(small_data))
+    assert_same_model(final_checkpoint(tmp_path / "lenet" / "sync"),
+                      original_sync(replicas(small_data)))
 
 
-def test_esync_with_one_local_step_and_unit_global_lr_equals_ssgd(tmp_path, small_data):
+@pytest.mark.parametrize("rule", ["mean", "weighted", "fednova"])
+def test_esync_with_one_local_step_and_unit_global_lr_equals_ssgd(tmp_path, small_data, rule):
     run_cluster(tmp_path, small_data, "-m", "esync", "--local-iters", 1, "-gl", 1,
-                "--workers", 2, "--slowdown", "1", "-ll", LR, "-b", BATCH,
-                "--max-rounds", STEPS, "-e", 1, "--max-seconds", 0, "--seed", SEED,
+                "--aggregation", rule, "--workers", 2, "--slowdown", "1", "-ll", LR,
+                "-b", BATCH, "--max-rounds", STEPS, "-e", 1, "--max-seconds", 0, "--seed", SEED,
                 "--no-evaluator")
-    assert_same_model(final_checkpoint(tmp_path / "lenet" / "esync"), reference_sgd(small_data))
+    assert_same_model(final_checkpoint(tmp_path / "lenet" / "esync"),
+                      original_sync(replicas(small_data)))
 
 
-def test_sync_workers_start_from_rank_zero_model_and_log_every_iteration(tmp_path, small_data):
+def test_sync_workers_start_from_rank_zero_model(tmp_path, small_data):
+    """A resumed run: rank 0 loads the checkpoint, rank 1 builds a fresh model from the seed.
+
+    Round 3 only matches the original when rank 1 trains from rank 0's model; the data streams
+    start over on resume, as the reference's fresh replicas do.
+    """
+    common = ["-m", "sync", "--workers", 2, "--slowdown", "1", "-l", LR, "-b", BATCH, "-e", 1,
+              "--max-seconds", 0, "--seed", SEED, "--no-evaluator"]
+    run_cluster(tmp_path, small_data, *common, "--max-rounds", 2)
+    run_cluster(tmp_path, small_data, *common, "--max-rounds", 4, "--resume")
+    reps = replicas(small_data)
+    original_sync(reps, steps=2)
+    fresh = replicas(small_data)                 # the streams start over, the models carry on
+    for rep, trained in zip(fresh, reps):
+        for name, p in rep.params.items():
+            p.set_data(trained.params[name].data())
+    assert_same_model(final_checkpoint(tmp_path / "lenet" / "sync", steps=4),
+                      original_sync(fresh, steps=2))
+
+
+def test_sync_workers_log_every_iteration(tmp_path, small_data):
     run_cluster(tmp_path, small_data, "-m", "sync", "--workers", 2, "--slowdown", "1,2",
                 "--max-rounds", 5, "-e", 5, "--max-seconds", 0, "--no-evaluator")
     logs = device_logs(tmp_path / "lenet" / "sync")
-    assert sorted(logs) == ["cpu0", "cpu1"]
-    for rounds in logs.values():
-        assert [r["num_iters"] for r in rounds] == [1, 2, 3, 4, 5]
-        assert all("global aggregate" in r["time"]["0"] for r in rounds)
-        assert all(r["bytes_pushed"] > 0 and r["bytes_pulled"] == r["bytes_pushed"]
-                   for r in rounds)
-    assert {rounds[0]["slowdown"] for rounds in logs.values()} == {1.0, 2.0}
+    assert {name: [(r["num_iters"], "global aggregate" in r["time"]["0"], r["slowdown"],
+                    r["bytes_pushed"] > 0 and r["bytes_pulled"] == r["bytes_pushed"])
+                   for r in rounds] for name, rounds in logs.items()} == {
+        "cpu0": [(i, True, 1.0, True) for i in range(1, 6)],
+        "cpu1": [(i, True, 2.0, True) for i in range(1, 6)]}
 
 
-@pytest.mark.parametrize("extra", [["-m", "async"], ["-m", "async", "-dcasgd", 1]],
-                         ids=["async", "dcasgd"])
-def test_async_modes_train_and_stop_cleanly(tmp_path, fashion_dir_factory, extra):
+def test_sync_batch_norm_statistics_are_the_mean_over_the_workers(tmp_path, small_data):
+    run_cluster(tmp_path, small_data, "-m", "sync", "-n", "resnet18-v1", "--workers", 2,
+                "--slowdown", "1", "-l", LR, "-b", 4, "--max-rounds", 2, "-e", 1,
+                "--max-seconds", 0, "--seed", SEED, "--no-evaluator")
+    got = final_checkpoint(tmp_path / "resnet18-v1" / "sync", steps=2, network="resnet18-v1")
+    want = original_sync(replicas(small_data, "resnet18-v1", batch=4), steps=2)
+    statistics = [n for n in want if n.endswith(("running_mean", "running_var"))]
+    assert_same_model({n: got[n] for n in statistics}, {n: want[n] for n in statistics})
+
+
+def test_esync_batch_norm_network_equals_the_original_rounds(tmp_path, small_data):
+    run_cluster(tmp_path, small_data, "-m", "esync", "--local-iters", 2, "-n", "resnet18-v1",
+                "--workers", 2, "--slowdown", "1", "-b", 4, "-ll", LR, "--max-rounds", 2,
+                "-e", 2, "--max-seconds", 0, "--seed", SEED, "--no-evaluator")
+    got = final_checkpoint(tmp_path / "resnet18-v1" / "esync", steps=2, network="resnet18-v1")
+    want = original_esync(replicas(small_data, "resnet18-v1", batch=4), rounds=2,
+                          local_iters=2, local_lr=LR)
+    assert_same_model(got, want)
+
+
+def test_async_trains_and_stops_cleanly(tmp_path, fashion_dir_factory):
     data_dir = fashion_dir_factory(train_per_class=100, test_per_class=30)
-    run_cluster(tmp_path, data_dir, *extra, "--workers", 2, "--slowdown", "1,2", "-l", 0.05,
-                "-b", 16, "--max-rounds", 60, "-e", 10, "--max-seconds", 0)
-    mode_dir = next((tmp_path / "lenet").iterdir())
+    run_cluster(tmp_path, data_dir, "-m", "async", "--workers", 2, "--slowdown", "1,2",
+                "-l", 0.05 / 16, "-b", 16, "--max-rounds", 60, "-e", 10, "--max-seconds", 0)
+    mode_dir = tmp_path / "lenet" / "async"
     assert untrained_accuracy(data_dir) < 0.3 < 0.8 < scores(mode_dir)[-1]
     assert processes_mentioning(str(tmp_path)) == []
+
+
+ASYNC_LR, ASYNC_STEPS = 0.02, 4
+
+
+def test_dcasgd_replay_differs_from_plain_sgd_on_the_same_pushes(small_data):
+    """The cluster test below can tell DC-ASGD from SGD (it would pass if -dcasgd were ignored
+    only if the two updates gave the same weights)."""
+    dc = server_replay(small_data, ASYNC_STEPS, ASYNC_LR, dc_lambda=DCASGD_LAMBDA)
+    sgd = server_replay(small_data, ASYNC_STEPS, ASYNC_LR)
+    assert max(np.max(np.abs(dc[n] - sgd[n]) / (np.abs(sgd[n]) * 1e-4 + 1e-6)) for n in dc) > 10
+
+
+@pytest.mark.parametrize("mode_args,dc_lambda", [(["-m", "async"], 0.0),
+                                                  (["-m", "async", "-dcasgd", 1], DCASGD_LAMBDA)],
+                         ids=["async-sgd", "dcasgd"])
+def test_async_server_applies_its_optimizer_to_each_push(tmp_path, small_data, mode_args,
+                                                         dc_lambda):
+    """One worker, so the pushes are known: the weights equal the server rule replayed in process
+    (lr x the batch-summed gradient, plus DC-ASGD's compensation with -dcasgd 1)."""
+    run_cluster(tmp_path, small_data, *mode_args, "--workers", 1, "--slowdown", "1",
+                "-l", ASYNC_LR, "-b", 16, "--max-rounds", ASYNC_STEPS, "-e", 1,
+                "--max-seconds", 0, "--seed", SEED, "--no-evaluator")
+    mode_dir = next((tmp_path / "lenet").iterdir())
+    assert_same_model(final_checkpoint(mode_dir, steps=ASYNC_STEPS),
+                      server_replay(small_data, ASYNC_STEPS, ASYNC_LR, dc_lambda=dc_lambda))
 
 
 def test_esync_fast_worker_runs_about_four_local_steps_per_slow_one(tmp_path,
                                                                     fashion_dir_factory):
     data_dir = fashion_dir_factory(train_per_class=100, test_per_class=30)
     run_cluster(tmp_path, data_dir, "-m", "esync", "--workers", 2, "--slowdown", "1,4",
-                "-ll", 0.05, "-b", 32, "--max-rounds", 20, "-e", 5, "--max-seconds", 0)
+                "-ll", 0.05 / 32, "-b", 32, "--max-rounds", 20, "-e", 5, "--max-seconds", 0)
     mode_dir = tmp_path / "lenet" / "esync"
     logs = device_logs(mode_dir)
     fast = [r["k"] for r in logs["cpu0"][2:]]            # the first rounds calibrate c
@@ -118,14 +247,63 @@ def test_esync_fast_worker_runs_about_four_local_steps_per_slow_one(tmp_path,
     assert processes_mentioning(str(tmp_path)) == []
 
 
-def test_planned_policy_makes_two_requests_per_worker_per_round(tmp_path, small_data):
-    run_cluster(tmp_path, small_data, "-m", "esync", "--policy", "planned", "--workers", 2,
-                "--slowdown", "1,3", "-b", 16, "--max-rounds", 8, "-e", 8, "--max-seconds", 0,
-                "--no-evaluator")
-    logs = device_logs(tmp_path / "lenet" / "esync")
-    for rounds in logs.values():
-        assert [r["state_requests"] for r in rounds] == [2] * 8   # plan + reset
-    assert max(r["k"] for r in logs["cpu0"][2:]) >= 2
+def test_esync_weighted_aggregation_with_nesterov_momentum_trains(tmp_path, fashion_dir_factory):
+    data_dir = fashion_dir_factory(train_per_class=100, test_per_class=30)
+    run_cluster(tmp_path, data_dir, "-m", "esync", "--aggregation", "weighted",
+                "--outer-momentum", 0.5, "--nesterov", "--workers", 2, "--slowdown", "1,3",
+                "--policy", "planned", "-ll", 0.05 / 32, "-b", 32, "--max-rounds", 20, "-e", 5,
+                "--max-seconds", 0)
+    assert untrained_accuracy(data_dir) < 0.3 < 0.8 < scores(tmp_path / "lenet" / "esync")[-1]
+
+
+def test_resume_continues_with_the_outer_momentum(tmp_path, fashion_dir_factory):
+    """Each worker's batch is its whole shard, so every round sees the same data whatever the
+    stream's position: the resumed run's rounds 3-4 equal the uninterrupted run's only when the
+    momentum buffers come back from the checkpoint (on every worker)."""
+    data_dir = fashion_dir_factory(train_per_class=4, test_per_class=2)    # 20 images per worker
+    common = ["-m", "esync", "--local-iters", 2, "--outer-momentum", 0.9, "--nesterov",
+              "-gl", 0.7, "--workers", 2, "--slowdown", "1", "-ll", 0.002, "-b", 20, "-e", 1,
+              "--max-seconds", 0, "--seed", SEED, "--no-evaluator"]
+    run_cluster(tmp_path / "whole", data_dir, *common, "--max-rounds", 4)
+    run_cluster(tmp_path / "resumed", data_dir, *common, "--max-rounds", 2)
+    run_cluster(tmp_path / "resumed", data_dir, *common, "--max-rounds", 4, "--resume")
+    assert_same_model(final_checkpoint(tmp_path / "resumed" / "lenet" / "esync", steps=4),
+                      final_checkpoint(tmp_path / "whole" / "lenet" / "esync", steps=4))
+
+
+@pytest.fixture(scope="module")
+def planned_run(tmp_path_factory, small_data):
+    """{rank: round logs} of a 4-worker ESync run with the planned policy (1x, 1x, 2x, 4x)."""
+    log_dir = tmp_path_factory.mktemp("planned")
+    run_cluster(log_dir, small_data, "-m", "esync", "--policy", "planned", "--workers", 4,
+                "--slowdown", "1,1,2,4", "-b", 16, "--max-rounds", 14, "-e", 14,
+                "--max-seconds", 0, "--no-evaluator", timeout=400)
+    return {rounds[0]["rank"]: rounds
+            for rounds in device_logs(log_dir / "lenet" / "esync").values()}
+
+
+def test_planned_policy_keeps_http_off_every_workers_round(planned_run):
+    """No worker asks the state server anything during a round; only rank 0's background
+    reporter talks to it."""
+    phases = {rank: sorted({p for r in rounds for it in r["time"].values() for p in it
+                            if p in ("check ready", "reset state server")})
+              for rank, rounds in planned_run.items()}
+    requests = {rank: sum(r["state_requests"] for r in rounds)
+                for rank, rounds in planned_run.items() if rank != 0}
+    assert (phases, requests) == ({rank: [] for rank in range(4)}, {1: 0, 2: 0, 3: 0})
+
+
+def test_planned_k_per_round_follows_the_policy_for_the_reported_durations(planned_run):
+    """Rank 0 logs every round's reported (k, c) and which round's plan it sent to everyone in
+    that exchange; the next round's k_i of all workers must be the planned policy's answer
+    (esync.policy.plan_round, the state server's own function) for that round's durations."""
+    rank0 = {r["num_iters"]: r for r in planned_run[0]}
+    ks = {r: [planned_run[i][r - 1]["k"] for i in range(4)] for r in rank0}
+    used = {r + 1: log["plan_sent_from_round"] for r, log in rank0.items()
+            if log.get("plan_sent_from_round") and r + 1 in ks}
+    got = {r: ks[r] for r in used}
+    want = {r: plan_round(rank0[t]["reported_c"], epsilon="auto") for r, t in used.items()}
+    assert len(used) >= 5 and got == want
 
 
 def test_state_token_is_never_written_to_disk(tmp_path, small_data):
@@ -134,13 +312,3 @@ def test_state_token_is_never_written_to_disk(tmp_path, small_data):
                 "--max-rounds", 3, "-e", 3, "--max-seconds", 0, env={"ESYNC_STATE_TOKEN": token})
     written = [p for p in tmp_path.rglob("*") if p.is_file() and token.encode() in p.read_bytes()]
     assert written == []
-
-
-def test_batch_norm_network_trains_through_the_parameter_server(tmp_path, small_data):
-    run_cluster(tmp_path, small_data, "-m", "esync", "--local-iters", 2, "-n", "resnet18-v1",
-                "--workers", 2, "-b", 4, "-ll", 0.01, "--max-rounds", 2, "-e", 2,
-                "--max-seconds", 0, "--no-evaluator")
-    store = CheckpointStore(tmp_path / "resnet18-v1" / "esync" / "checkpoints")
-    _, arrays = store.load(store.path_for(2), network="resnet18-v1")
-    running_means = [v for k, v in arrays.items() if k.endswith("running_mean")]
-    assert running_means and any(np.abs(v).sum() > 0 for v in running_means)

@@ -1,22 +1,19 @@
 """The one-command local cluster: failures stop everything, bad input is refused, runs resume."""
 import json
 import os
+import re
 import signal
 import socket
-import subprocess
-import sys
 import time
 
 import pytest
 
-from support import REPO, device_logs, processes_mentioning, run_cluster
+from support import REPO, device_logs, processes_mentioning, processes_of
 
 
-def start_launcher(log_dir, data_dir, *args):
-    command = [sys.executable, "-m", "esync.launch", "-ld", str(log_dir), "-dd", str(data_dir),
-               "--quiet", *map(str, args)]
-    return subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+def quiet(log_dir, data_dir, *args):
+    """The flags of a quiet cluster logging into log_dir."""
+    return ["-ld", log_dir, "-dd", data_dir, "--quiet", *args]
 
 
 def wait_for_rounds(launcher, mode_dir, device, rounds, timeout=120):
@@ -30,36 +27,99 @@ def wait_for_rounds(launcher, mode_dir, device, rounds, timeout=120):
     raise AssertionError(f"{device} did not reach round {rounds}")
 
 
-def test_killed_worker_stops_the_cluster_and_is_named(tmp_path, fashion_data_dir):
-    launcher = start_launcher(tmp_path, fashion_data_dir, "-m", "esync", "--workers", 3,
-                              "--slowdown", "1,1,2", "-b", 8, "--max-seconds", 300)
+def worker_pid(folder, device):
+    """The pid of the worker process on `device` of the cluster logging into `folder`."""
+    pids = [p for p in processes_mentioning(str(folder)) if "main.py" in _cmdline(p)
+            and f"--device-name {device} " in _cmdline(p) + " "]
+    assert len(pids) == 1, pids
+    return pids[0]
+
+
+def wait_until_gone(folder, timeout=15):
+    """Wait until no process names `folder`; returns those left after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while processes_of(folder) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return processes_of(folder)
+
+
+def test_killed_worker_is_named_and_the_launcher_exits_within_ten_seconds(
+        tmp_path, fashion_data_dir, launcher):
+    proc = launcher(*quiet(tmp_path, fashion_data_dir, "-m", "esync", "--workers", 2,
+                           "--slowdown", "1,2", "-b", 8, "--max-seconds", 300))
     mode_dir = tmp_path / "lenet" / "esync"
-    wait_for_rounds(launcher, mode_dir, "cpu1", 3)
-    victims = [p for p in processes_mentioning(str(tmp_path))
-               if "--device-name cpu1" in open(f"/proc/{p}/cmdline").read().replace("\0", " ")]
-    assert len(victims) == 1
-    os.kill(victims[0], signal.SIGKILL)
-    _, err = launcher.communicate(timeout=60)
-    assert launcher.returncode != 0
+    wait_for_rounds(proc, mode_dir, "cpu1", 2)
+    os.kill(worker_pid(tmp_path, "cpu1"), signal.SIGKILL)
+    _, err = proc.communicate(timeout=10)
+    assert proc.returncode == 1
     assert "worker-cpu1 died (killed by signal SIGKILL)" in err
-    assert processes_mentioning(str(tmp_path)) == []
+    assert processes_of(tmp_path) == []
 
 
-def test_interrupt_stops_every_process(tmp_path, fashion_data_dir):
-    launcher = start_launcher(tmp_path, fashion_data_dir, "-m", "sync", "--workers", 2,
-                              "-b", 8, "--max-seconds", 300)
-    wait_for_rounds(launcher, tmp_path / "lenet" / "sync", "cpu0", 2)
-    launcher.send_signal(signal.SIGINT)
-    _, err = launcher.communicate(timeout=60)
-    assert launcher.returncode == 130
-    assert "interrupted" in err
-    assert processes_mentioning(str(tmp_path)) == []
+def test_killed_worker_with_restarts_heals_and_every_round_is_logged_once(
+        tmp_path, fashion_data_dir, launcher):
+    proc = launcher(*quiet(tmp_path, fashion_data_dir, "-m", "esync", "--workers", 2,
+                           "--slowdown", "1,2", "-b", 8, "-e", 2, "--max-rounds", 10,
+                           "--max-seconds", 0, "--no-evaluator", "--restarts", 1))
+    mode_dir = tmp_path / "lenet" / "esync"
+    wait_for_rounds(proc, mode_dir, "cpu1", 5)
+    os.kill(worker_pid(tmp_path, "cpu1"), signal.SIGKILL)
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err
+    assert "restart 1/1" in err and "resuming from round-0000000" in err
+    assert {device: [r["num_iters"] for r in rounds]
+            for device, rounds in device_logs(mode_dir).items()} == {
+        "cpu0": list(range(1, 11)), "cpu1": list(range(1, 11))}
+    assert processes_of(tmp_path) == []
 
 
-def test_resume_continues_from_the_saved_round(tmp_path, fashion_data_dir):
+def test_wedged_worker_trips_the_watchdog_which_names_it_first(tmp_path, fashion_data_dir,
+                                                                launcher):
+    proc = launcher(*quiet(tmp_path, fashion_data_dir, "-m", "esync", "--workers", 2,
+                           "-b", 8, "--max-seconds", 300, "--stall-timeout", 10))
+    mode_dir = tmp_path / "lenet" / "esync"
+    wait_for_rounds(proc, mode_dir, "cpu1", 2)
+    os.kill(worker_pid(tmp_path, "cpu1"), signal.SIGSTOP)
+    _, err = proc.communicate(timeout=90)
+    assert proc.returncode == 1
+    stuck = err[err.index("stuck processes"):].splitlines()
+    assert re.match(r"  worker-cpu1: pid \d+, stopped", stuck[1]), err
+    assert "the state server's view of the workers:" in err
+    assert processes_of(tmp_path) == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL],
+                         ids=["SIGINT", "SIGTERM", "SIGKILL"])
+def test_every_process_dies_with_the_launcher_even_a_restarted_state_server(
+        tmp_path, fashion_data_dir, launcher, sig):
+    proc = launcher(*quiet(tmp_path, fashion_data_dir, "-m", "esync", "--workers", 2,
+                           "-b", 8, "--max-seconds", 300))
+    mode_dir = tmp_path / "lenet" / "esync"
+    wait_for_rounds(proc, mode_dir, "cpu0", 2)
+    server_log = mode_dir / "processes" / "state-server.log"
+    first = _state_server_pid(tmp_path)
+    os.killpg(first, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while _state_server_pid(tmp_path) in (None, first) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert server_log.read_text().count("esync-cluster started state-server") == 2
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert wait_until_gone(tmp_path) == []
+    if sig != signal.SIGKILL:
+        assert proc.returncode == 130 and "interrupted" in err
+
+
+def _state_server_pid(folder):
+    """The gunicorn arbiter serving the cluster of `folder` (its database is under `folder`)."""
+    pids = [p for p in processes_of(folder) if "gunicorn" in _cmdline(p)]
+    return min(pids) if pids else None
+
+
+def test_resume_continues_from_the_saved_round(tmp_path, fashion_data_dir, launcher):
     common = ["-m", "sync", "--workers", 2, "-b", 8, "-e", 2, "--max-seconds", 0]
-    run_cluster(tmp_path, fashion_data_dir, *common, "--max-rounds", 4)
-    run_cluster(tmp_path, fashion_data_dir, *common, "--max-rounds", 7, "--resume")
+    launcher.run(*quiet(tmp_path, fashion_data_dir, *common, "--max-rounds", 4))
+    launcher.run(*quiet(tmp_path, fashion_data_dir, *common, "--max-rounds", 7, "--resume"))
     mode_dir = tmp_path / "lenet" / "sync"
     for rounds in device_logs(mode_dir).values():
         assert [r["num_iters"] for r in rounds] == list(range(1, 8))
@@ -69,26 +129,26 @@ def test_resume_continues_from_the_saved_round(tmp_path, fashion_data_dir):
     assert evaluated == [2, 4, 6, 7]
 
 
-def test_resume_refuses_a_corrupt_checkpoint(tmp_path, fashion_data_dir):
+def test_resume_refuses_a_corrupt_checkpoint(tmp_path, fashion_data_dir, launcher):
     common = ["-m", "sync", "--workers", 2, "-b", 8, "-e", 2, "--max-seconds", 0,
               "--no-evaluator"]
-    run_cluster(tmp_path, fashion_data_dir, *common, "--max-rounds", 2)
+    launcher.run(*quiet(tmp_path, fashion_data_dir, *common, "--max-rounds", 2))
     checkpoint = tmp_path / "lenet" / "sync" / "checkpoints" / "round-00000002.npz"
     checkpoint.write_bytes(checkpoint.read_bytes()[:1000])
-    done = run_cluster(tmp_path, fashion_data_dir, *common, "--max-rounds", 4, "--resume",
-                       check=False)
+    done = launcher.run(*quiet(tmp_path, fashion_data_dir, *common, "--max-rounds", 4,
+                               "--resume"), check=False)
     assert done.returncode == 2
     assert "round-00000002.npz is corrupt" in done.stderr
     assert processes_mentioning(str(tmp_path)) == []
 
 
-def test_earlier_logs_are_kept_unless_overwrite_is_given(tmp_path, fashion_data_dir):
+def test_earlier_logs_are_kept_unless_overwrite_is_given(tmp_path, fashion_data_dir, launcher):
     common = ["-m", "sync", "--workers", 2, "-b", 8, "--max-rounds", 2, "--max-seconds", 0,
               "--no-evaluator"]
-    run_cluster(tmp_path, fashion_data_dir, *common)
-    refused = run_cluster(tmp_path, fashion_data_dir, *common, check=False)
+    launcher.run(*quiet(tmp_path, fashion_data_dir, *common))
+    refused = launcher.run(*quiet(tmp_path, fashion_data_dir, *common), check=False)
     assert refused.returncode == 2 and "--overwrite" in refused.stderr
-    run_cluster(tmp_path, fashion_data_dir, *common, "--overwrite")
+    launcher.run(*quiet(tmp_path, fashion_data_dir, *common, "--overwrite"))
 
 
 @pytest.mark.parametrize("args, env, message", [
@@ -99,44 +159,40 @@ def test_earlier_logs_are_kept_unless_overwrite_is_given(tmp_path, fashion_data_
     (["-m", "local"], {}, "-m local is one device"),
     (["-b", "-4"], {}, "argument -b/--batch-size: must be a positive integer"),
 ], ids=["slowdown-count", "no-gpu", "bad-device", "num-worker-env", "local", "batch"])
-def test_bad_cluster_input_is_one_clear_line(tmp_path, fashion_data_dir, args, env, message):
-    command = [sys.executable, "-m", "esync.launch", "-ld", str(tmp_path), "-dd",
-               str(fashion_data_dir), "--quiet", *map(str, args)]
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60,
-                          env=dict(os.environ, **env))
+def test_bad_cluster_input_is_one_clear_line(tmp_path, fashion_data_dir, launcher, args, env,
+                                             message):
+    done = launcher.run(*quiet(tmp_path, fashion_data_dir, *args), env=env, timeout=60,
+                        check=False)
     assert done.returncode == 2
     assert message in done.stderr
     assert "Traceback" not in done.stderr
     assert not list(tmp_path.glob("*/*/processes"))
 
 
-def test_port_in_use_is_refused(tmp_path, fashion_data_dir):
+def test_port_in_use_is_refused(tmp_path, fashion_data_dir, launcher):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        done = run_cluster(tmp_path, fashion_data_dir, "-m", "sync", "--port", port,
-                           check=False)
+        done = launcher.run(*quiet(tmp_path, fashion_data_dir, "-m", "sync", "--port", port),
+                            check=False)
     assert done.returncode == 2
     assert f"port {port} is in use" in done.stderr
 
 
-def test_missing_data_says_how_to_prepare(tmp_path):
-    done = run_cluster(tmp_path, tmp_path / "nowhere", "-m", "sync", check=False)
+def test_missing_data_says_how_to_prepare(tmp_path, launcher):
+    done = launcher.run(*quiet(tmp_path, tmp_path / "nowhere", "-m", "sync"), check=False)
     assert done.returncode == 2
     assert "scripts/prepare_data.py" in done.stderr
 
 
-def test_relative_folders_work_from_any_directory(tmp_path, fashion_data_dir):
+def test_relative_folders_work_from_any_directory(tmp_path, fashion_data_dir, launcher):
     """Workers run from the repository and the state server from state_server/: every path the
     user gives relative to their own directory must still land where they meant."""
     assert fashion_data_dir == tmp_path / "data"
-    command = [sys.executable, "-m", "esync.launch", "-ld", "runs", "-dd", "data", "--quiet",
-               "-m", "esync", "--workers", 2, "-b", 8, "--max-rounds", 3, "--max-seconds", 0,
-               "--no-evaluator"]
-    done = subprocess.run(list(map(str, command)), cwd=tmp_path, capture_output=True, text=True,
-                          timeout=180, env=dict(os.environ, PYTHONPATH=str(REPO)))
-    assert done.returncode == 0, done.stderr
+    launcher.run("-ld", "runs", "-dd", "data", "--quiet", "-m", "esync", "--workers", 2, "-b", 8,
+                 "--max-rounds", 3, "--max-seconds", 0, "--no-evaluator", cwd=tmp_path,
+                 timeout=180, env={"PYTHONPATH": str(REPO)})
     assert len(device_logs(tmp_path / "runs" / "lenet" / "esync")) == 2
 
 
@@ -145,20 +201,20 @@ def _cmdline(pid):
 
 
 def test_state_server_killed_mid_job_is_restarted_and_the_job_finishes(tmp_path,
-                                                                     fashion_data_dir):
-    launcher = start_launcher(tmp_path, fashion_data_dir, "-m", "esync", "--workers", 2,
-                              "--slowdown", "1,2", "-b", 8, "--max-rounds", 40,
-                              "--max-seconds", 0, "--no-evaluator")
+                                                                     fashion_data_dir, launcher):
+    proc = launcher(*quiet(tmp_path, fashion_data_dir, "-m", "esync", "--workers", 2,
+                           "--slowdown", "1,2", "-b", 8, "--max-rounds", 40,
+                           "--max-seconds", 0, "--no-evaluator"))
     mode_dir = tmp_path / "lenet" / "esync"
-    wait_for_rounds(launcher, mode_dir, "cpu0", 5)
+    wait_for_rounds(proc, mode_dir, "cpu0", 5)
     worker = next(p for p in processes_mentioning(str(tmp_path)) if "main.py" in _cmdline(p))
     argv = _cmdline(worker).split()
     port = argv[argv.index("--state-server-port") + 1]
     server = [p for p in processes_mentioning(f"127.0.0.1:{port}") if "gunicorn" in _cmdline(p)]
     assert server
     os.killpg(os.getpgid(server[0]), signal.SIGKILL)
-    _, err = launcher.communicate(timeout=240)
-    assert launcher.returncode == 0, err
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err
     assert "restarting it (1/3)" in err
     logs = device_logs(mode_dir)
     assert [len(rounds) for rounds in logs.values()] == [40, 40]

@@ -8,7 +8,7 @@ import pytest
 
 from esync.policy import (AUTO, ERR_C, ERR_EPSILON, ERR_K, ERR_NUM_WORKERS, ERR_POLICY, ERR_RANK,
                           ERR_ROUND, ERR_WRONG_POLICY_APPLY, ERR_WRONG_POLICY_PLAN, JobRegistry,
-                          JobState, PolicyError, PolicyMismatch)
+                          JobState, PolicyError, PolicyMismatch, plan_for, plan_round)
 
 
 class FakeClock:
@@ -449,3 +449,154 @@ def test_registry_setdefault_keeps_the_installed_job():
     first = registry.setdefault(JobState(num_workers=2, name="a"))
     second = registry.setdefault(JobState(num_workers=3, name="a"))
     assert second is first and registry.names() == ["a"]
+
+
+# -- idempotency: rounds only move forward, retries count once ------------------------------------
+
+def test_entering_an_older_round_changes_nothing(clock):
+    job = dynamic_job(clock)
+    job.enter_round(0, 3)
+    entry = job.enter_round(0, 2)
+    assert (entry.stale, entry.record, job.snapshot()["workers"][0]["round"]) == (True, None, 3)
+
+
+def test_a_repeated_reset_closes_the_round_once(clock):
+    job = dynamic_job(clock)
+    job.apply(0, 1, 0.1)
+    job.enter_round(0, 2)
+    job.enter_round(0, 2)
+    assert [(r["round"], r["rank"]) for r in job.history_records()] == [(1, 0)]
+
+
+def test_a_repeated_apply_counts_its_iteration_once(clock):
+    job = dynamic_job(clock)
+    job.apply(0, 1, 0.1)
+    job.apply(0, 1, 0.1)
+    assert job.enter_round(0, 2).record.compute == pytest.approx(0.1)
+
+
+def test_apply_of_an_older_round_is_ignored(clock):
+    job = dynamic_job(clock)
+    job.enter_round(0, 3)
+    before = job.snapshot()
+    assert job.apply(0, 4, 0.5, t=2) is True and job.snapshot() == before
+
+
+def test_apply_of_a_newer_round_enters_it_first(clock):
+    job = dynamic_job(clock)
+    job.apply(0, 1, 0.1, t=1)
+    job.apply(0, 0, 0.1, t=2)
+    assert (job.current_round, [r["round"] for r in job.history_records()]) == (2, [1])
+
+
+def test_plan_of_an_older_round_answers_without_changing_state(clock):
+    job = JobState(num_workers=2, epsilon=AUTO, policy="planned", clock=clock)
+    job.enter_round(0, 3)
+    before = job.snapshot()
+    job.plan(0, 0.5, t=1)
+    assert job.snapshot() == before
+
+
+# -- one report per round (rank 0) -------------------------------------------------------------
+
+def empty_planned_job(clock, num_workers=4, epsilon=AUTO):
+    return JobState(num_workers=num_workers, epsilon=epsilon, policy="planned", clock=clock)
+
+
+@pytest.mark.parametrize("epsilon", [AUTO, 0.0, 0.005])
+@pytest.mark.parametrize("durations", [[0.01, 0.01, 0.04, 0.08], [0.0406, 0.08, 0.02, 0.013],
+                                       [0.5, 0.5, 0.5, 0.5], [0.001, 2.0, 0.3, 0.07]])
+def test_round_report_plans_what_plan_gives_for_the_same_durations(clock, durations, epsilon):
+    per_worker = empty_planned_job(clock, epsilon=epsilon)
+    for rank, c in enumerate(durations):
+        per_worker.plan(rank, c)
+    legacy = [per_worker.plan(rank, c) for rank, c in enumerate(durations)]
+    report = empty_planned_job(clock, epsilon=epsilon).report_round(1, [1] * 4, durations)
+    assert report.plan == legacy == plan_round(durations, epsilon=epsilon)
+
+
+def test_plan_for_and_plan_round_agree_on_every_rank():
+    durations = [0.013, 0.08, 0.0406, 0.02, 0.079]
+    assert [plan_for(rank, durations, epsilon=AUTO) for rank in range(5)] == plan_round(
+        durations, epsilon=AUTO)
+
+
+def test_round_report_records_every_worker_of_the_round(clock):
+    job = empty_planned_job(clock, num_workers=2)
+    job.report_round(1, [3, 1], [0.02, 0.06])
+    assert [(r["round"], r["rank"], r["k"], r["c"]) for r in job.history_records()] == [
+        (1, 0, 3, 0.02), (1, 1, 1, 0.06)]
+
+
+def test_round_report_moves_every_worker_into_the_next_round(clock):
+    job = empty_planned_job(clock, num_workers=2)
+    job.report_round(4, [3, 1], [0.02, 0.06])
+    snapshot = job.snapshot()
+    assert (snapshot["round"], [w["round"] for w in snapshot["workers"]]) == (5, [5, 5])
+
+
+def test_a_repeated_round_report_answers_the_same_plan_and_records_nothing(clock):
+    job = empty_planned_job(clock, num_workers=2)
+    first = job.report_round(1, [1, 1], [0.02, 0.06])
+    job.take_changes()
+    again = job.report_round(1, [9, 9], [0.5, 0.01])
+    assert (again.plan, again.duplicate, bool(job.take_changes())) == (first.plan, True, False)
+
+
+def test_an_older_round_report_answers_the_plan_given_then(clock):
+    job = empty_planned_job(clock, num_workers=2)
+    first = job.report_round(1, [1, 1], [0.02, 0.06])
+    job.report_round(2, [3, 1], [0.01, 0.06])
+    assert job.report_round(1, [1, 1], [0.02, 0.06]).plan == first.plan == [3, 1]
+
+
+@pytest.mark.parametrize("ks, cs, field", [([1], [0.1, 0.1], "k"), ([1, 1], [0.1], "c"),
+                                           ([1, -1], [0.1, 0.1], "k"), ([1, 1], [0.1, -2], "c"),
+                                           ([1, True], [0.1, 0.1], "k"),
+                                           ([1, 1], [0.1, 10 ** 400], "c"),
+                                           ("11", [0.1, 0.1], "k")])
+def test_bad_round_report_is_rejected_without_changing_state(clock, ks, cs, field):
+    job = empty_planned_job(clock, num_workers=2)
+    before = job.snapshot()
+    with pytest.raises(PolicyError) as info:
+        job.report_round(1, ks, cs)
+    assert (info.value.field, job.snapshot()) == (field, before)
+
+
+def test_round_report_on_a_dynamic_job_is_a_policy_mismatch(clock):
+    with pytest.raises(PolicyMismatch):
+        dynamic_job(clock).report_round(1, [1, 1], [0.1, 0.1])
+
+
+def test_integer_too_large_for_a_float_is_a_policy_error(clock):
+    with pytest.raises(PolicyError):
+        dynamic_job(clock).apply(0, 1, 10 ** 400)
+
+
+# -- persistence: changes to write, and a rebuild from them --------------------------------------
+
+def test_take_changes_hands_out_each_closed_round_once(clock):
+    job = dynamic_job(clock)
+    job.apply(0, 1, 0.1)
+    job.enter_round(0, 2)
+    first, second = job.take_changes(), job.take_changes()
+    assert ([r.round for r in first.records], second.records) == ([1], [])
+
+
+def test_a_job_restored_from_its_worker_states_decides_like_the_original(clock):
+    job = empty_planned_job(clock, num_workers=3)
+    job.report_round(1, [2, 1, 4], [0.04, 0.08, 0.02])
+    rebuilt = empty_planned_job(clock, num_workers=3)
+    rebuilt.restore(dict(enumerate(job.worker_states())), last_report_t=1,
+                    last_plan=job.report_round(1, [0] * 3, [0.0] * 3).plan)
+    assert ([w["round"] for w in rebuilt.snapshot()["workers"]], rebuilt.plan(2, 0.02)) == (
+        [2, 2, 2], job.plan(2, 0.02))
+
+
+def test_a_batch_of_round_reports_equals_the_reports_one_by_one(clock):
+    reports = [(t, [t, 1, 2], [0.01 * t, 0.08, 0.04]) for t in (1, 2, 3)]
+    one_by_one = empty_planned_job(clock, num_workers=3)
+    answers = [one_by_one.report_round(*report).plan for report in reports]
+    batched = empty_planned_job(clock, num_workers=3)
+    assert (batched.report_rounds(reports).plan, batched.history_records()) == (
+        answers[-1], one_by_one.history_records())

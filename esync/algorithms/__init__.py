@@ -1,34 +1,22 @@
-"""Synchronization algorithms, one per module, chosen by the ``-m`` value (and ``-dcasgd``)."""
-from esync.algorithms.base import Algorithm, Worker
+"""Synchronization algorithms, one per module, chosen by the ``-m`` value (and ``-dcasgd``).
 
-MODES = ("esync", "sync", "async", "local")
+Which class runs which mode is in the mode registry (``esync.modes``); these wrappers keep the
+older names working.
+"""
+from esync import modes
+from esync.algorithms.base import Algorithm, AlgorithmConfig, Worker
+
+MODES = modes.CLI_MODES
 
 
 def algorithm_class(mode: str, use_dcasgd: int = 0) -> type[Algorithm]:
     """Import lazily: ESync needs the HTTP client, the others do not."""
-    if mode == "esync":
-        from esync.algorithms.esync import ESync
-        return ESync
-    if mode == "sync":
-        from esync.algorithms.sync import SyncSGD
-        return SyncSGD
-    if mode == "async":
-        from esync.algorithms.async_ import DCASGD, AsyncSGD
-        return DCASGD if use_dcasgd else AsyncSGD
-    if mode == "local":
-        from esync.algorithms.local import Standalone
-        return Standalone
-    raise ValueError(f"unknown mode {mode!r}; choose one of: {', '.join(MODES)}")
+    return modes.for_cli(mode, use_dcasgd).algorithm_class()
 
 
 def mode_dir_name(mode: str, use_dcasgd: int = 0, split_by_class: int = 0) -> str:
-    """Log folder of a mode, as the original's analysis tools expect (``dcasgd``, ``-niid``).
-
-    ``-s 2`` (class blocks reshuffled, milder than the original's ``-s 1``) gets its own
-    ``-niid-shuffled`` folder, so its logs never mix with the original's setting.
-    """
-    name = "dcasgd" if (mode == "async" and use_dcasgd) else mode
-    return name + {0: "", 1: "-niid", 2: "-niid-shuffled"}[split_by_class]
+    """Log folder of a mode, as the original's analysis tools expect (``dcasgd``, ``-niid``)."""
+    return modes.folder_name(mode, use_dcasgd, split_by_class)
 
 
-__all__ = ["Algorithm", "Worker", "MODES", "algorithm_class", "mode_dir_name"]
+__all__ = ["Algorithm", "AlgorithmConfig", "Worker", "MODES", "algorithm_class", "mode_dir_name"]

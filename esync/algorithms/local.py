@@ -4,8 +4,8 @@ from esync.algorithms.base import Algorithm
 
 class Standalone(Algorithm):
     def setup(self) -> None:
-        self.trainer = self.sgd(self.args.learning_rate)
+        self.trainer = self.sgd(self.config.learning_rate)
 
-    def local_step(self, record, batch_size: int) -> None:
+    def local_step(self, record) -> None:
         with record.phase("local update"):
-            self.trainer.step(batch_size)
+            self.trainer.step(1)      # lr x the gradient summed over the batch (the original's)

@@ -1,5 +1,13 @@
-"""Synchronous SGD (SSGD): every iteration, push gradients, pull their sum, step with lr*sum/N."""
-from esync.algorithms.base import Algorithm, grads
+"""Synchronous SGD (SSGD): every iteration, push gradients, pull their sum, step with lr*sum/N.
+
+As in the original, each worker's gradient is summed over its batch, so one step moves by
+``-l`` x (sum over workers of the batch-summed gradients) / N. Batch-norm running statistics
+are averaged over the workers in the same exchange, every iteration (as the original does), so
+every worker, and the checkpoints, hold the mean of the workers' statistics.
+"""
+from mxnet import nd
+
+from esync.algorithms.base import Algorithm, datas, grads
 
 
 class SyncSGD(Algorithm):
@@ -7,15 +15,19 @@ class SyncSGD(Algorithm):
     collective_stop = True
 
     def setup(self) -> None:
-        self.trainer = self.sgd(self.args.learning_rate)
+        self.trainer = self.sgd(self.config.learning_rate)
         self.grads = grads(self.worker.trainable)
+        self.aux = datas(self.worker.aux)
+        self.aux_sum = [nd.zeros_like(x) for x in self.aux]
 
     def aggregate(self, record, want_stop: bool) -> bool:
         w = self.worker
         with record.phase("global aggregate"):
-            # Gradients are sums over the batch; pulling into the gradient buffers leaves the
-            # sum over all workers there, and step(B*N) divides it back to a mean.
-            stop = self.exchange(self.grads, self.grads, w.keys.trainable, want_stop)
+            # Pulling into the gradient buffers leaves the sum over all workers there.
+            stop = self.exchange(self.grads + self.aux, self.grads + self.aux_sum,
+                                 w.keys.trainable + w.keys.aux, want_stop).stop
+            for p, total in zip(w.aux, self.aux_sum):
+                p.set_data(total / w.num_workers)
         with record.phase("local update"):
-            self.trainer.step(self.args.batch_size * w.num_workers)
+            self.trainer.step(w.num_workers)
         return stop

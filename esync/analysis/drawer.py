@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import matplotlib
 from matplotlib.figure import Figure
 
+from esync import modes
 from esync.cli import bounded_number
 
 from esync.analysis.summary import (EVALUATIONS_FILE, ITER_FILE, RUN_FILE, HelpFormatter, LogError,
@@ -45,9 +47,7 @@ from esync.analysis.table import (MODE_ORDER, accuracy_series, cluster_totals, f
 
 __all__ = ["load_summaries", "draw_all", "time_to_accuracy", "speedup_table", "main"]
 
-# The original's colours for ESync, Sync, Async; green for DC-ASGD, black for standalone.
-COLORS = {"esync": "m", "sync": "orange", "async": "b", "dcasgd": "g", "local": "k"}
-ACCURACY_MODES = ("esync", "sync", "async", "dcasgd")
+ACCURACY_MODES = tuple(m.name for m in modes.MODES if m.cluster)
 FIGURES_DIR = "figures"
 MINUTES_ABOVE_S = 600  # time axes switch from seconds to minutes beyond this
 NAN = float("nan")
@@ -121,7 +121,7 @@ def _time_axis(max_seconds: float) -> tuple[float, str]:
 
 
 def _standalone(summaries: dict) -> float | None:
-    for mode in ("local", "local-niid"):
+    for mode in [modes.STANDALONE + sp.suffix for sp in modes.SPLITS]:
         if mode in summaries:
             accuracy = final_accuracy(summaries[mode])
             if accuracy is not None:
@@ -129,10 +129,12 @@ def _standalone(summaries: dict) -> float | None:
     return None
 
 
-def draw_accuracy(fig: Figure, summaries: dict, *, niid: bool, network: str,
+def draw_accuracy(fig: Figure, summaries: dict, *, niid: bool | modes.Split, network: str,
                   notify: Notify = _stderr) -> bool:
-    """Test accuracy over time; False (nothing drawn) when no mode has accuracy records."""
-    suffix = "-niid" if niid else ""
+    """Test accuracy over time of one data split (``niid``: True for by-class, or a registry
+    split); False (nothing drawn) when no mode has accuracy records."""
+    split = niid if isinstance(niid, modes.Split) else modes.split(int(niid))
+    suffix = split.suffix
     series = {}
     for base in ACCURACY_MODES:
         mode = base + suffix
@@ -149,15 +151,15 @@ def draw_accuracy(fig: Figure, summaries: dict, *, niid: bool, network: str,
     ax = fig.add_subplot()
     for base, (times, accs, _) in series.items():
         pairs = sorted(zip(times, accs))
-        ax.plot([t / scale for t, _ in pairs], [a for _, a in pairs], color=COLORS[base],
-                marker="." if len(pairs) <= 50 else None, label=mode_label(base))
+        ax.plot([t / scale for t, _ in pairs], [a for _, a in pairs], color=modes.colour(base),
+                marker="." if len(pairs) <= 50 else None, label=mode_label(base), gid=base)
     standalone = _standalone(summaries)
     if standalone is not None:
         ax.axhline(standalone, color="k", linestyle="--", linewidth=1,
                    label=f"Standalone SGD ({standalone:.3f})")
     else:
         notify("accuracy: no standalone (local) run with accuracy; no dashed line")
-    ax.set_title(f"Test accuracy ({'non-' if niid else ''}i.i.d.) — {network}")
+    ax.set_title(f"Test accuracy ({split.label or 'i.i.d.'}) — {network}")
     ax.set_xlabel(xlabel)
     ax.set_ylabel("Test accuracy")
     ax.set_ylim(0, 1)
@@ -183,7 +185,7 @@ def _grouped_bars(ax, summaries: dict, devices, value) -> None:
         values = {(h, d): value(e) for h, d, e in device_entries(summary)}
         xs = [j + (i - (len(summaries) - 1) / 2) * width for j in range(len(devices))]
         ax.bar(xs, [_height(values.get(dev)) for dev in devices], width=width,
-               color=COLORS.get(split_mode(mode)[0], None),
+               color=modes.colour(mode),
                hatch="//" if split_mode(mode)[1] else None, label=mode_label(mode))
     ax.set_xticks(range(len(devices)), [f"{h}\n{d}" for h, d in devices])
 
@@ -192,12 +194,12 @@ def draw_throughput(fig: Figure, summaries: dict, *, network: str) -> bool:
     """Cluster samples/s per mode (left) and per device (right)."""
     if not summaries:
         return False
-    modes = list(summaries)
+    names = list(summaries)
     total_ax, device_ax = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1, 2]})
-    totals = [_height(cluster_totals(summaries[m]).get("throughput")) for m in modes]
-    total_ax.bar(range(len(modes)), totals,
-                 color=[COLORS.get(split_mode(m)[0], "0.5") for m in modes])
-    total_ax.set_xticks(range(len(modes)), [mode_label(m) for m in modes], rotation=30,
+    totals = [_height(cluster_totals(summaries[m]).get("throughput")) for m in names]
+    total_ax.bar(range(len(names)), totals,
+                 color=[modes.colour(m, "0.5") for m in names])
+    total_ax.set_xticks(range(len(names)), [mode_label(m) for m in names], rotation=30,
                         ha="right")
     total_ax.set_ylabel("Data throughput (samples/s)")
     total_ax.set_title("Cluster total")
@@ -208,26 +210,74 @@ def draw_throughput(fig: Figure, summaries: dict, *, network: str) -> bool:
     return True
 
 
-def draw_traffic(fig: Figure, summaries: dict, *, network: str,
-                 notify: Notify = _stderr) -> bool:
-    """Bytes pushed + pulled per second per mode; modes whose logs count no bytes are left out."""
-    values = {}
+@dataclass(frozen=True)
+class ModelSize:
+    """The bytes one copy of the trainable parameters takes, and where that figure came from."""
+    bytes: int
+    source: str          # "lenet from the model zoo" / "given with --model-mb"
+
+
+def model_size_from_zoo(network: str) -> ModelSize | None:
+    """Trainable parameters of ``network`` as built by ``esync.models`` (float32), or None."""
+    from esync import models             # MXNet: only when a figure needs it
+    if network not in models.NETWORKS:
+        return None
+    import mxnet as mx
+    net = models.build(network, mx.cpu(), hybridize=False)
+    trainable, _ = models.trainable_and_aux(net)
+    return ModelSize(sum(int(p.data().size) * 4 for p in trainable),
+                     f"{network} from the model zoo")
+
+
+def estimated_traffic(summary: dict, mode: str, model: ModelSize) -> float | None:
+    """Bytes/s if every worker pushed and pulled the model once per logged round.
+
+    What each mode moves per round (the original's code): sync and async push a gradient and
+    pull the weights every iteration, ESync pushes its delta and pulls the model once per round;
+    standalone SGD moves nothing.
+    """
+    if modes.family(mode) == modes.STANDALONE:
+        return 0.0
+    wall = cluster_totals(summary).get("wall_time")
+    rounds = sum(len(e.get("num_samples_list") or []) for _, _, e in device_entries(summary))
+    return 2 * model.bytes * rounds / wall if wall else None
+
+
+def draw_traffic(fig: Figure, summaries: dict, *, network: str, notify: Notify = _stderr,
+                 model: ModelSize | None = None) -> bool:
+    """Bytes pushed + pulled per second per mode, as counted in the logs.
+
+    Logs without byte counts (the original's) get an estimate from ``model`` (hatched bars and
+    a note on the figure); without ``model`` they are left out.
+    """
+    values, estimated = {}, set()
     for mode, summary in summaries.items():
         traffic = cluster_totals(summary).get("traffic_bytes_per_s")
+        if traffic is None and model is not None:
+            traffic = estimated_traffic(summary, mode, model)
+            estimated.add(mode)
         if traffic is None:
-            notify(f"traffic: {mode} logs no byte counts; left out")
+            notify(f"traffic: {mode} logs no byte counts; left out (give the model size "
+                   "with --model-mb to estimate it)")
         else:
             values[mode] = traffic / 1e6
     if not values:
         return False
     ax = fig.add_subplot()
     bars = ax.bar(range(len(values)), list(values.values()),
-                  color=[COLORS.get(split_mode(m)[0], "0.5") for m in values])
+                  color=[modes.colour(m, "0.5") for m in values],
+                  hatch=["//" if m in estimated else None for m in values])
     ax.bar_label(bars, fmt="%.2f")
     ax.margins(y=0.1)
     ax.set_xticks(range(len(values)), [mode_label(m) for m in values], rotation=20, ha="right")
     ax.set_ylabel("Traffic load (MB/s, pushed + pulled)")
     ax.set_title(f"Traffic load — {network}")
+    if estimated & set(values):
+        note = (f"Hatched: estimated, the logs count no bytes. One push and one pull of the "
+                f"model ({model.bytes / 1e6:.3g} MB, {model.source}) per worker and round.")
+        fig.text(0.01, 0.005, note, fontsize="x-small", wrap=True, gid="traffic-estimate-note")
+        notify(f"traffic: estimated for {', '.join(sorted(estimated & set(values)))} "
+               f"from the model size ({model.source})")
     return True
 
 
@@ -265,23 +315,30 @@ def _save(fig: Figure, out_dir: Path, stem: str) -> list[Path]:
 
 
 def draw_all(summaries: dict, out_dir, *, network: str, show: bool = False,
-             notify: Notify = _stderr) -> list[Path]:
-    """Draw the five figures that have data into ``out_dir``; return the files written."""
+             notify: Notify = _stderr, model: ModelSize | None = None) -> list[Path]:
+    """Draw the five figures that have data into ``out_dir``; return the files written.
+
+    ``model`` sizes the traffic estimate of logs without byte counts (see ``draw_traffic``).
+    """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     summaries = dict(sorted(summaries.items(), key=lambda kv: mode_sort_key(kv[0])))
-    iid = {m: s for m, s in summaries.items() if not split_mode(m)[1]}
-    niid = {m: s for m, s in summaries.items() if split_mode(m)[1]}
-    niid.update({m: s for m, s in summaries.items() if split_mode(m)[0] == "local"})
-    jobs = [
-        ("accuracy-iid", (6.4, 4.8),
-         lambda fig: draw_accuracy(fig, iid, niid=False, network=network, notify=notify)),
-        ("accuracy-niid", (6.4, 4.8),
-         lambda fig: draw_accuracy(fig, niid, niid=True, network=network, notify=notify)),
+    jobs = []
+    for split in modes.SPLITS:
+        of_split = {m: s for m, s in summaries.items()
+                    if modes.parse_folder(m)[1] == split or split_mode(m)[0] == modes.STANDALONE}
+        if split.value > 1 and len(of_split) == len(
+                [m for m in summaries if split_mode(m)[0] == modes.STANDALONE]):
+            continue              # a newer split nobody ran: no notice about a missing figure
+        jobs.append((f"accuracy{split.suffix or '-iid'}", (6.4, 4.8),
+                     lambda fig, of_split=of_split, split=split: draw_accuracy(
+                         fig, of_split, niid=split, network=network, notify=notify)))
+    jobs += [
         ("data-throughput", (11, 4.8),
          lambda fig: draw_throughput(fig, summaries, network=network)),
         ("traffic-load", (6.4, 4.8),
-         lambda fig: draw_traffic(fig, summaries, network=network, notify=notify)),
+         lambda fig: draw_traffic(fig, summaries, network=network, notify=notify,
+                                 model=model)),
         ("computing-time-ratio", (8, 4.8),
          lambda fig: draw_computing_ratio(fig, summaries, network=network, notify=notify)),
     ]
@@ -321,7 +378,28 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--show", action="store_true", help="also open the figures in windows")
     parser.add_argument("--target", type=_target, default=0.8,
                         help="test accuracy whose time to reach gives the speedup")
+    parser.add_argument("--model-mb", type=_model_mb, default=None,
+                        help="size of the model in MB (10^6 bytes), for the traffic estimate of "
+                             "logs that count no bytes (the original's); default: the size of "
+                             "-n's network as esync builds it")
     return parser
+
+
+_model_mb = bounded_number(float, low=0, strict=True, must="a positive number of megabytes")
+
+
+def model_size_for(summaries: dict, network: str, model_mb: float | None,
+                   notify: Notify = _stderr) -> ModelSize | None:
+    """The model size the traffic figure needs: only when some log counts no bytes."""
+    if all(cluster_totals(s).get("traffic_bytes_per_s") is not None for s in summaries.values()):
+        return None
+    if model_mb is not None:
+        return ModelSize(round(model_mb * 1e6), "given with --model-mb")
+    size = model_size_from_zoo(network)
+    if size is None:
+        notify(f"traffic: {network!r} is not a network esync knows; give its size with "
+               "--model-mb to estimate the traffic of logs without byte counts")
+    return size
 
 
 def main(argv=None) -> int:
@@ -336,7 +414,8 @@ def main(argv=None) -> int:
             raise LogError(f"{roots[0] / args.network}: no summaries or device logs of any mode")
         if len(roots) > 1:
             _stderr(f"figures from {roots[0]}; table over {len(roots)} log roots")
-        written = draw_all(runs[0], out_dir, network=args.network, show=args.show)
+        model = model_size_for(runs[0], args.network, args.model_mb)
+        written = draw_all(runs[0], out_dir, network=args.network, show=args.show, model=model)
         written += write_table(speedup_table(runs, target=args.target), out_dir,
                                network=args.network, target=args.target)
     except (LogError, OSError) as exc:

@@ -31,12 +31,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import re
 import sys
 from pathlib import Path
 
 from esync.fsutil import atomic_open
+from esync import modes
 
 ITER_FILE = re.compile(r"iter-(\d+)\.txt")
 EVALUATIONS_FILE = "evaluations.jsonl"
@@ -60,9 +60,6 @@ EXTRA_LIST_KEYS = {
 }
 EXTRA_SCALAR_KEYS = ("slowdown", "rank")
 
-SUMMARY_NAMES = {"esync": "ESync", "sync": "Sync", "async": "Async", "dcasgd": "DCASGD",
-                 "local": "Local"}
-NIID_SUFFIX = "-niid"
 
 
 class LogError(Exception):
@@ -76,16 +73,16 @@ def summary_name(mode_dir_name: str) -> str:
 
     A folder name outside the known modes keeps its own name (``foo`` -> ``foo.json``).
     """
-    base, niid = split_mode(mode_dir_name)
-    stem = SUMMARY_NAMES.get(base, base)
-    return f"{stem}-Non-IID.json" if niid else f"{stem}.json"
+    return modes.summary_file(mode_dir_name)
 
 
 def split_mode(mode_dir_name: str) -> tuple[str, bool]:
-    """``"sync-niid"`` -> ``("sync", True)``; ``"sync"`` -> ``("sync", False)``."""
-    if mode_dir_name.endswith(NIID_SUFFIX):
-        return mode_dir_name[: -len(NIID_SUFFIX)], True
-    return mode_dir_name, False
+    """``"sync-niid"`` -> ``("sync", True)``; ``"sync"`` -> ``("sync", False)``.
+
+    True for every non-i.i.d. split the mode registry knows.
+    """
+    base, split = modes.parse_folder(mode_dir_name)
+    return base, split.value != 0
 
 
 def find_device_dirs(mode_dir: Path) -> dict[str, dict[str, Path]]:
@@ -236,7 +233,10 @@ def read_evaluations(path: Path) -> dict | None:
         samples = record.get("samples")
         lists["samples_list"].append(None if samples is None
                                      else _number(where, "samples", samples))
-    return lists
+    # The evaluator appends rounds it caught up on after newer ones: present them in order.
+    order = sorted(range(len(lists["round_list"])),
+                   key=lambda i: (lists["elapsed_time_list"][i], lists["round_list"][i]))
+    return {key: [values[i] for i in order] for key, values in lists.items()}
 
 
 def read_run(path: Path) -> dict | None:

@@ -21,15 +21,15 @@ import math
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from esync.analysis.summary import device_entries, split_mode
+from esync import modes
+from esync.analysis.summary import device_entries
 
-MODE_ORDER = ("esync", "sync", "async", "dcasgd", "local")
-LABELS = {"esync": "ESync", "sync": "SSGD", "async": "ASGD", "dcasgd": "DC-ASGD",
-          "local": "Standalone SGD"}
-BASELINE = "sync"
-STANDALONE = "local"
+MODE_ORDER = modes.NAMES
+BASELINE = modes.BASELINE
+STANDALONE = modes.STANDALONE
 
 CSV_COLUMNS = ("mode", "label", "runs", "runs_reached", "target", "time_to_target_s", "speedup",
+               "best_other", "speedup_vs_best_other",
                "final_accuracy_mean", "final_accuracy_std", "final_accuracy_runs",
                "standalone_accuracy_mean", "standalone_accuracy_std",
                "throughput_samples_per_s", "computing_time_ratio")
@@ -37,16 +37,12 @@ CSV_COLUMNS = ("mode", "label", "runs", "runs_reached", "target", "time_to_targe
 
 def mode_label(mode: str) -> str:
     """``"sync-niid"`` -> ``"SSGD (non-i.i.d.)"``; unknown folder names stay as they are."""
-    base, niid = split_mode(mode)
-    label = LABELS.get(base, base)
-    return f"{label} (non-i.i.d.)" if niid else label
+    return modes.label(mode)
 
 
 def mode_sort_key(mode: str) -> tuple:
     """Known modes first in the paper's order, i.i.d. before non-i.i.d., then the rest by name."""
-    base, niid = split_mode(mode)
-    known = base in MODE_ORDER
-    return (not known, niid, MODE_ORDER.index(base) if known else 0, mode)
+    return modes.sort_key(mode)
 
 
 def time_to_accuracy(elapsed: Sequence[float], acc: Sequence[float],
@@ -123,23 +119,29 @@ def _mean(values) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def speedup_table(runs: Sequence[dict], *, target: float = 0.8) -> list[dict]:
+def speedup_table(runs: Sequence[dict], *, target: float = 0.8,
+                  labels: dict[str, str] | None = None) -> list[dict]:
     """One row per mode over repeated runs; each run is ``{mode_dir_name: summary}``.
 
-    Row keys are ``CSV_COLUMNS``; figures that cannot be had are None.
+    Row names may be variants of a registry mode (the benchmark's ``esync-fednova-niid``):
+    ``labels`` then gives their labels. ``speedup`` is over SSGD of the same data split;
+    ``speedup_vs_best_other`` is over the fastest row of another mode (same split, or one
+    device alone), named in ``best_other``. Row keys are ``CSV_COLUMNS``; figures that cannot
+    be had are None.
     """
-    modes = sorted({mode for run in runs for mode in run}, key=mode_sort_key)
+    labels = labels or {}
+    names = sorted({name for run in runs for name in run}, key=mode_sort_key)
     rows = {}
-    for mode in modes:
-        summaries = [run[mode] for run in runs if mode in run]
+    for name in names:
+        summaries = [run[name] for run in runs if name in run]
         times = []
         for summary in summaries:
             series = accuracy_series(summary)
             times.append(None if series is None else time_to_accuracy(series[0], series[1], target))
         reached = [t for t in times if t is not None]
         acc_mean, acc_std, acc_n = mean_std(final_accuracy(s) for s in summaries)
-        rows[mode] = {
-            "mode": mode, "label": mode_label(mode), "runs": len(summaries),
+        rows[name] = {
+            "mode": name, "label": labels.get(name) or mode_label(name), "runs": len(summaries),
             "runs_reached": len(reached), "target": target,
             "time_to_target_s": sum(reached) / len(reached) if len(reached) == len(times) else None,
             "final_accuracy_mean": acc_mean, "final_accuracy_std": acc_std,
@@ -149,16 +151,26 @@ def speedup_table(runs: Sequence[dict], *, target: float = 0.8) -> list[dict]:
             "computing_time_ratio": _mean(cluster_totals(s).get("mean_computing_time_ratio")
                                           for s in summaries),
         }
-    for mode, row in rows.items():
-        _, niid = split_mode(mode)
-        baseline = rows.get(BASELINE + ("-niid" if niid else ""))
-        base_time = None if baseline is None else baseline["time_to_target_s"]
-        row["speedup"] = (base_time / row["time_to_target_s"]
-                          if base_time is not None and row["time_to_target_s"] else None)
-        standalone = rows.get(STANDALONE) or rows.get(STANDALONE + "-niid") or {}
+    for name, row in rows.items():
+        family, split = modes.family(name), modes.parse_folder(name)[1]
+        baseline = rows.get(BASELINE + split.suffix)
+        row["speedup"] = _ratio(None if baseline is None else baseline["time_to_target_s"],
+                                row["time_to_target_s"])
+        others = [r for other, r in rows.items()
+                  if modes.family(other) != family and r["time_to_target_s"] is not None
+                  and (modes.parse_folder(other)[1] == split or modes.family(other) == STANDALONE)]
+        best = min(others, key=lambda r: r["time_to_target_s"], default=None)
+        row["best_other"] = None if best is None else best["mode"]
+        row["speedup_vs_best_other"] = _ratio(None if best is None else best["time_to_target_s"],
+                                              row["time_to_target_s"])
+        standalone = rows.get(STANDALONE) or rows.get(STANDALONE + split.suffix) or {}
         row["standalone_accuracy_mean"] = standalone.get("final_accuracy_mean")
         row["standalone_accuracy_std"] = standalone.get("final_accuracy_std")
-    return [{key: rows[mode][key] for key in CSV_COLUMNS} for mode in modes]
+    return [{key: rows[name][key] for key in CSV_COLUMNS} for name in names]
+
+
+def _ratio(reference: float | None, time: float | None) -> float | None:
+    return reference / time if reference is not None and time else None
 
 
 # ----------------------------------------------------------------------------- writing
@@ -180,6 +192,14 @@ def time_cell(row: dict) -> str:
     return "not reached"
 
 
+def best_other_cell(row: dict, labels: dict[str, str]) -> str:
+    """``"1.50× (over ASGD)"``: the speedup over the fastest row of another mode."""
+    if row.get("speedup_vs_best_other") is None:
+        return "n/a"
+    other = labels.get(row["best_other"], row["best_other"])
+    return f"{row['speedup_vs_best_other']:.2f}× (over {other})"
+
+
 def to_markdown(rows: Sequence[dict], *, network: str, target: float) -> str:
     """The table as Markdown, with a header line saying the network, target and runs."""
     n_runs = max((row["runs"] for row in rows), default=0)
@@ -191,14 +211,16 @@ def to_markdown(rows: Sequence[dict], *, network: str, target: float) -> str:
         f"(same data split); accuracies are the final ones, mean ± sample std over n runs "
         f"({roots}).",
         "",
-        f"| Mode | Runs | Time to {target:.2f} (s) | Speedup vs SSGD | Final accuracy "
+        f"| Mode | Runs | Time to {target:.2f} (s) | Speedup vs SSGD "
+        "| Speedup vs the best other mode | Final accuracy "
         "| Standalone SGD accuracy | Throughput (samples/s) | Computing-time ratio |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for row in rows:
         lines.append(" | ".join([
             f"| {row['label']}", str(row["runs"]), time_cell(row),
             "n/a" if row["speedup"] is None else f"{row['speedup']:.2f}×",
+            best_other_cell(row, {r["mode"]: r["label"] for r in rows}),
             _accuracy_cell(row["final_accuracy_mean"], row["final_accuracy_std"],
                            row["final_accuracy_runs"]),
             "n/a" if row["standalone_accuracy_mean"] is None else

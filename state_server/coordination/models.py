@@ -1,7 +1,9 @@
-"""What survives a restart: each job's configuration and current round, and every closed round.
+"""What survives a restart: each job's configuration, every worker's round and state, every
+closed round and every round report.
 
-The live decision state (every worker's k, c, seen, ready) lives in memory (``esync.policy``);
-these rows let a restarted server rebuild a job and let anyone inspect a finished one.
+The live decision state lives in memory (``esync.policy``); these rows let a restarted server
+rebuild a job (``WorkerState`` per rank, the last ``RoundReport``) and let anyone inspect a
+finished one (``WorkerRound``).
 """
 from django.db import models
 
@@ -17,6 +19,9 @@ class Job(models.Model):
     policy = models.CharField(max_length=16, choices=POLICY_CHOICES)
     current_round = models.PositiveIntegerField(default=1)
     run = models.PositiveIntegerField(default=1, help_text="incremented by every init")
+    init_key = models.CharField(max_length=64, blank=True, default="",
+                                help_text="client key of the init that started this run (a "
+                                          "retried init with the same key starts no new run)")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -44,3 +49,47 @@ class WorkerRound(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job_id}/{self.run} round {self.round} rank {self.rank}"
+
+
+class WorkerState(models.Model):
+    """One worker's persistent decision state in the job's current run (one row per rank).
+
+    Written before a round change is acknowledged, so a restarted server rebuilds every worker's
+    round, last duration, planned k and the accounting of its open round.
+    """
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="worker_states")
+    run = models.PositiveIntegerField()
+    rank = models.PositiveIntegerField()
+    round = models.PositiveIntegerField()
+    k = models.PositiveIntegerField(default=0)
+    c = models.FloatField(default=0.0)
+    ready = models.BooleanField(default=False)
+    planned_k = models.PositiveIntegerField(null=True)
+    overhead = models.FloatField(null=True)
+    round_k = models.PositiveIntegerField(default=0)
+    round_compute = models.FloatField(default=0.0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "rank"],
+                                               name="one_state_per_worker")]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}/{self.run} rank {self.rank} round {self.round}"
+
+
+class RoundReport(models.Model):
+    """A round reported by rank 0 on ``/rounds/`` and the plan answered (idempotent replies)."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="round_reports")
+    run = models.PositiveIntegerField()
+    round = models.PositiveIntegerField()
+    plan = models.JSONField()
+    recorded_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "run", "round"],
+                                               name="one_report_per_round")]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}/{self.run} round {self.round} reported"

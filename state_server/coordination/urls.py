@@ -8,7 +8,7 @@ from django.urls import path, re_path
 from . import views
 
 ACTIONS = [("init", views.init), ("apply", views.apply), ("plan", views.plan),
-           ("reset", views.reset), ("history", views.history)]
+           ("reset", views.reset), ("history", views.history), ("rounds", views.rounds)]
 
 
 def _route(route: str, view, name: str) -> list:
@@ -18,7 +18,7 @@ def _route(route: str, view, name: str) -> list:
 
 
 urlpatterns = [
-    path("", views.state, name="state"),
+    path("", views.home, name="state"),
     *_route("health/", views.health, "health"),
     *_route("jobs/", views.jobs, "jobs"),
     *_route("jobs/<str:job>/", views.state, "job-state"),

@@ -3,17 +3,27 @@
 The original ESync paths (``/``, ``/init/``, ``/apply/``, ``/reset/``) act on the job "default";
 ``/jobs/<job>/...`` on named jobs. Field names are the original's: ``r`` rank, ``k`` local
 iterations done this round, ``c`` duration of the last local iteration (s), ``t`` round entered,
-``te`` the worker's timestamp (accepted, ignored: worker clocks are never trusted).
+``te`` the worker's timestamp (accepted, ignored: worker clocks are never trusted). ``t`` is
+optional on ``apply`` and ``plan`` (the original client does not send it); with it, a retried
+call of an older round changes nothing. ``rounds`` is the one-call-per-round report of rank 0.
 """
 from django.http import JsonResponse
 
+from esync.policy import MAX_BATCH
+
 from . import selectors, services
 from .http import (ERR_NOT_FOUND, ERR_SERVER, FieldError, api, epsilon_field, error_response,
-                   float_field, int_field, text_field)
+                   float_field, int_field, list_field, text_field)
 from .selectors import HISTORY_DEFAULT_LIMIT, HISTORY_MAX_LIMIT
 
 DEFAULT_JOB = "default"
 ERR_RUN = "run must be an integer >= 1"
+ERR_KEY = "key (the client's id of this init, to make a retry harmless) must be 1 to 64 characters"
+ERR_BAD_REQUEST = "bad request: {detail}"
+ERR_BATCH_ITEM = "each item of rounds must be an object {\"t\": t, \"k\": [...], \"c\": [...]}"
+HINT_NO_DEFAULT_JOB = ("the job 'default' has not been initialised yet: POST /init/ creates it; "
+                       "named jobs live at /jobs/<job>/")
+ERR_FORBIDDEN = "forbidden"
 
 
 def _ignore_worker_timestamp(fields: dict) -> None:
@@ -22,24 +32,29 @@ def _ignore_worker_timestamp(fields: dict) -> None:
 
 @api("POST", changes_state=True)
 def init(request, fields, job=DEFAULT_JOB):
+    key = text_field(fields, "key", default="")
+    if len(key) > 64:
+        raise FieldError(ERR_KEY, "key")
     return services.job_init(name=job, num_workers=int_field(fields, "num_workers"),
                              epsilon=epsilon_field(fields),
-                             policy=text_field(fields, "policy", default="dynamic"))
+                             policy=text_field(fields, "policy", default="dynamic"), key=key)
 
 
 @api("POST", changes_state=True)
 def apply(request, fields, job=DEFAULT_JOB):
     rank, k, c = int_field(fields, "r"), int_field(fields, "k"), float_field(fields, "c")
+    t = int_field(fields, "t", required=False)
     _ignore_worker_timestamp(fields)
-    ready = services.worker_apply(job=job, rank=rank, k=k, c=c)
+    ready = services.worker_apply(job=job, rank=rank, k=k, c=c, t=t)
     return {"ready": int(ready)}
 
 
 @api("POST", changes_state=True)
 def plan(request, fields, job=DEFAULT_JOB):
     rank, c = int_field(fields, "r"), float_field(fields, "c")
+    t = int_field(fields, "t", required=False)
     _ignore_worker_timestamp(fields)
-    return {"k": services.worker_plan(job=job, rank=rank, c=c)}
+    return {"k": services.worker_plan(job=job, rank=rank, c=c, t=t)}
 
 
 @api("POST", changes_state=True)
@@ -49,9 +64,39 @@ def reset(request, fields, job=DEFAULT_JOB):
     return services.worker_enter_round(job=job, rank=rank, round=round_)
 
 
+@api("POST", changes_state=True, max_body="ESYNC_STATE_MAX_ROUNDS_BODY",
+     max_containers=4 + 3 * MAX_BATCH)
+def rounds(request, fields, job=DEFAULT_JOB):
+    """Rank 0's report of round t: every worker's k and c; answers the plan of every worker.
+
+    ``{"rounds": [{"t", "k", "c"}, ...]}`` reports several rounds in order in one call (a
+    reporter that fell behind catches up in one transaction); the answer is the last round's.
+    """
+    if "rounds" in fields:
+        batch = []
+        for item in list_field(fields, "rounds"):
+            if not isinstance(item, dict):
+                raise FieldError(ERR_BATCH_ITEM, "rounds")
+            batch.append((int_field(item, "t"), list_field(item, "k"), list_field(item, "c")))
+        return services.job_report_rounds(job=job, reports=batch)
+    t = int_field(fields, "t")
+    return services.job_report_rounds(job=job, reports=[
+        (t, list_field(fields, "k"), list_field(fields, "c"))])
+
+
 @api("GET", changes_state=False)
 def state(request, fields, job=DEFAULT_JOB):
     return selectors.job_state(name=job)
+
+
+@api("GET", changes_state=False)
+def home(request, fields):
+    """``GET /``: the original's view of the job "default"; before its init, the list of jobs."""
+    try:
+        return selectors.job_state(name=DEFAULT_JOB)
+    except services.JobNotFound:
+        return {"job": DEFAULT_JOB, "initialised": False, "hint": HINT_NO_DEFAULT_JOB,
+                "jobs": selectors.job_list()}
 
 
 @api("GET", changes_state=False)
@@ -73,6 +118,16 @@ def jobs(request, fields):
 @api("GET", changes_state=False)
 def health(request, fields):
     return {"status": "ok"}
+
+
+def bad_request(request, exception=None):
+    detail = str(exception) if exception is not None else ""
+    detail = detail.encode("ascii", "backslashreplace").decode("ascii")[:200] or "malformed"
+    return error_response(ERR_BAD_REQUEST.format(detail=detail), None, 400)
+
+
+def forbidden(request, exception=None):
+    return error_response(ERR_FORBIDDEN, None, 403)
 
 
 def not_found(request, exception=None):

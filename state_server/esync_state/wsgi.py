@@ -1,8 +1,9 @@
-"""WSGI entry point of the ESync state server.
+"""WSGI entry point of the ESync state server; applies pending migrations before it serves.
 
 Production (one process: the live job state is in memory; threads for concurrency):
     gunicorn --chdir state_server esync_state.wsgi:application \\
-        --workers 1 --worker-class gthread --threads 8 --bind 0.0.0.0:10010
+        --workers 1 --worker-class esync_state.gunicorn_worker.JsonErrorThreadWorker \\
+        --threads 8 --bind 0.0.0.0:10010
 """
 import os
 import sys
@@ -17,9 +18,15 @@ if str(SERVER_DIR.parent) not in sys.path:
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "esync_state.settings")
 
 from django.conf import settings  # noqa: E402
+from django.core.management import call_command  # noqa: E402
 from django.core.wsgi import get_wsgi_application  # noqa: E402
 
-application = get_wsgi_application()
+django_application = get_wsgi_application()         # sets Django up
+
+from coordination.http import json_error_guard  # noqa: E402
+
+application = json_error_guard(django_application)
+call_command("migrate", interactive=False, verbosity=0)   # a fresh database just works
 
 if settings.ESYNC_STATE_TOKEN_GENERATED:
     print(f"ESYNC_STATE_TOKEN is not set: generated the token for this run: "

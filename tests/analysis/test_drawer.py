@@ -1,4 +1,6 @@
-"""drawer: the five figures as real PNG and SVG files, summaries made on demand, notices."""
+"""drawer: what each figure plots (read back from matplotlib's objects and the written files),
+summaries made on demand, notices, the traffic estimate for the original's logs."""
+import csv
 import json
 import os
 import subprocess
@@ -6,7 +8,9 @@ import sys
 import time
 from pathlib import Path
 
+import matplotlib
 import pytest
+from matplotlib.figure import Figure
 
 import logmaker
 from esync.analysis import drawer, summary
@@ -37,15 +41,20 @@ def figure(network_dir, name, ext):
     return network_dir / "figures" / f"lenet-{name}.{ext}"
 
 
-def test_main_succeeds(drawn):
-    assert drawn[0] == 0
+def test_main_writes_png_and_svg_of_every_figure_and_nothing_else(drawn):
+    code, network_dir = drawn
+    written = sorted(p.name for p in (network_dir / "figures").iterdir())
+    expected = sorted([f"lenet-{n}.{ext}" for n in FIGURES for ext in ("png", "svg")]
+                      + ["speedup.csv", "speedup.md"])
+    assert (code, written) == (0, expected)
 
 
-@pytest.mark.parametrize("name", FIGURES)
-def test_png_is_a_real_image(drawn, name):
-    data = figure(drawn[1], name, "png").read_bytes()
-    assert data.startswith(PNG_SIGNATURE)
-    assert len(data) > 10_000
+@pytest.mark.parametrize("name, colour", [("accuracy-iid", "m"), ("traffic-load", "orange")])
+def test_png_shows_the_mode_colours(drawn, name, colour):
+    """The PNG is a decodable image with pixels of the plotted modes' colours."""
+    image = matplotlib.image.imread(figure(drawn[1], name, "png"))[..., :3]
+    rgb = matplotlib.colors.to_rgb(colour)
+    assert (abs(image - rgb).max(axis=-1) < 0.02).sum() > 50
 
 
 @pytest.mark.parametrize("name, title", FIGURES.items())
@@ -76,13 +85,16 @@ def test_bar_figures_label_modes_and_devices(drawn):
 
 def test_missing_summaries_were_written(drawn):
     for mode in ALL_MODES:
-        assert (drawn[1] / mode / summary.summary_name(mode)).is_file()
+        written = summary.load_summary(drawn[1] / mode / summary.summary_name(mode))
+        assert written["_totals"] == summary.summarize(drawn[1] / mode)["_totals"], mode
 
 
 def test_speedup_table_is_written_beside_the_figures(drawn):
     text = (drawn[1] / "figures" / "speedup.md").read_text(encoding="utf-8")
     assert "| ESync | 1 | 2.0 | 3.00× |" in text
-    assert (drawn[1] / "figures" / "speedup.csv").stat().st_size > 0
+    with (drawn[1] / "figures" / "speedup.csv").open() as fp:
+        rows = {row["mode"]: row for row in csv.DictReader(fp)}
+    assert float(rows["esync"]["speedup"]) == pytest.approx(3.0)
 
 
 def test_figures_without_data_are_skipped_with_a_notice(tmp_path):
@@ -128,7 +140,7 @@ def test_two_log_roots_give_n_2_and_out_folder(tmp_path, capsys):
     assert drawer.main(["-b", *roots, "-n", "lenet", "-o", str(out), "--target", "0.5"]) == 0
     text = (out / "speedup.md").read_text(encoding="utf-8")
     assert "(n=2)" in text and "Time to 0.50" in text
-    assert (out / "lenet-accuracy-iid.png").is_file()
+    assert "Test accuracy (i.i.d.) — lenet" in (out / "lenet-accuracy-iid.svg").read_text()
 
 
 def test_missing_network_folder_exits_2(tmp_path, capsys):
@@ -151,8 +163,8 @@ def test_wrapper_script_draws_headless(tmp_path):
         [sys.executable, "analysis/drawer.py", "-b", str(tmp_path), "-n", "lenet"],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert "Traceback" not in proc.stderr
-    assert (tmp_path / "lenet" / "figures" / "lenet-accuracy-iid.svg").is_file()
+    svg = (tmp_path / "lenet" / "figures" / "lenet-accuracy-iid.svg").read_text()
+    assert ">ESync<" in svg and "Standalone SGD (0.880)" in svg
 
 
 def original_summary(accuracies):
@@ -179,3 +191,130 @@ def test_summaries_of_the_original_still_draw(tmp_path):
     assert any("computing-time ratio: esync has none" in n for n in notices)
     rows = {r["mode"]: r for r in drawer.speedup_table([summaries])}
     assert rows["esync"]["speedup"] == pytest.approx(180 / 120)
+
+
+# ----------------------------------------------------------------------------- plotted data
+
+@pytest.fixture(scope="module")
+def summaries(tmp_path_factory):
+    network_dir = logmaker.write_layout(tmp_path_factory.mktemp("plot"), modes=ALL_MODES)
+    return drawer.load_summaries(network_dir, notify=lambda _: None)
+
+
+def bar_heights(ax) -> dict:
+    """{tick label: bar height} of a one-bar-per-mode axis."""
+    labels = [t.get_text() for t in ax.get_xticklabels()]
+    return dict(zip(labels, [p.get_height() for p in ax.patches]))
+
+
+def wall(mode):
+    """The slowest device's last total_time in logmaker's logs."""
+    rounds = logmaker.ROUNDS[mode]
+    if mode == "esync":
+        return max(rounds * (d.k * d.step + (d.k + 1) * logmaker.READY + logmaker.AGGREGATE
+                             + logmaker.RESET) for d in logmaker.CLUSTER)
+    return max(rounds * (d.step + logmaker.AGGREGATE) for d in logmaker.CLUSTER)
+
+
+def test_accuracy_lines_are_the_evaluator_records(summaries):
+    fig = Figure()
+    assert drawer.draw_accuracy(fig, summaries, niid=False, network="lenet")
+    lines = {line.get_gid(): line for line in fig.axes[0].get_lines() if line.get_gid()}
+    assert sorted(lines) == ["async", "dcasgd", "esync", "sync"]
+    for mode, line in lines.items():
+        expected = [(t, a) for _, t, a in logmaker.EVALUATIONS[mode]]
+        assert list(zip(line.get_xdata(), line.get_ydata())) == expected, mode
+
+
+def test_accuracy_dashed_line_is_standalone_final_accuracy(summaries):
+    fig = Figure()
+    drawer.draw_accuracy(fig, summaries, niid=True, network="lenet")
+    dashed = [ln for ln in fig.axes[0].get_lines() if ln.get_linestyle() == "--"]
+    assert [list(ln.get_ydata()) for ln in dashed] == [[logmaker.LOCAL_ACCURACIES[-1]] * 2]
+
+
+def test_throughput_bars_are_samples_over_wall_time(summaries):
+    fig = Figure()
+    drawer.draw_throughput(fig, {m: summaries[m] for m in ("sync", "esync")}, network="lenet")
+    heights = bar_heights(fig.axes[0])
+    sync_samples = len(logmaker.CLUSTER) * logmaker.ROUNDS["sync"] * logmaker.BATCH
+    esync_samples = sum(d.k for d in logmaker.CLUSTER) * logmaker.ROUNDS["esync"] * logmaker.BATCH
+    assert heights == pytest.approx({"SSGD": sync_samples / wall("sync"),
+                                     "ESync": esync_samples / wall("esync")})
+
+
+def test_traffic_bars_are_the_counted_bytes(summaries):
+    fig = Figure()
+    drawer.draw_traffic(fig, {m: summaries[m] for m in ("sync", "local")}, network="lenet")
+    per_round = logmaker.PUSHED + logmaker.PULLED
+    expected = len(logmaker.CLUSTER) * logmaker.ROUNDS["sync"] * per_round / wall("sync") / 1e6
+    assert bar_heights(fig.axes[0]) == pytest.approx({"SSGD": expected,
+                                                      "Standalone SGD": 0.0})
+
+
+def test_computing_time_ratio_bars_per_device(summaries):
+    fig = Figure()
+    drawer.draw_computing_ratio(fig, {"sync": summaries["sync"]}, network="lenet")
+    ticks = [t.get_text() for t in fig.axes[0].get_xticklabels()]
+    heights = dict(zip(ticks, [p.get_height() for p in fig.axes[0].patches]))
+    expected = {f"{d.host}\n{d.device}": d.step / (d.step + logmaker.AGGREGATE)
+                for d in logmaker.CLUSTER}
+    assert heights == pytest.approx(expected)
+
+
+# ----------------------------------------------------------------------------- traffic estimate
+
+def original_layout(root):
+    """sync and local folders as the original wrote them: no byte counts."""
+    for mode in ("sync", "local"):
+        logmaker.write_mode(root, mode, extras=False)
+    return root / "lenet"
+
+
+def test_lenet_size_from_the_zoo_is_its_parameter_count():
+    # conv 1->20 5x5, conv 20->50 5x5, dense 800->500, dense 500->10, with biases; float32.
+    params = (20 * 25 + 20) + (50 * 20 * 25 + 50) + (800 * 500 + 500) + (500 * 10 + 10)
+    assert drawer.model_size_from_zoo("lenet").bytes == 4 * params
+
+
+def test_traffic_of_logs_without_byte_counts_is_estimated_from_the_model_size(tmp_path):
+    summaries = drawer.load_summaries(original_layout(tmp_path), notify=lambda _: None)
+    model = drawer.ModelSize(2_000_000, "given with --model-mb")
+    fig = Figure()
+    assert drawer.draw_traffic(fig, summaries, network="lenet", notify=lambda _: None,
+                               model=model)
+    rounds = len(logmaker.CLUSTER) * logmaker.ROUNDS["sync"]
+    assert bar_heights(fig.axes[0]) == pytest.approx(
+        {"SSGD": 2 * 2.0 * rounds / wall("sync"), "Standalone SGD": 0.0})
+
+
+def test_estimated_traffic_is_hatched_and_says_so_on_the_figure(tmp_path):
+    summaries = drawer.load_summaries(original_layout(tmp_path), notify=lambda _: None)
+    fig = Figure()
+    drawer.draw_traffic(fig, summaries, network="lenet", notify=lambda _: None,
+                        model=drawer.ModelSize(1_724_320, "lenet from the model zoo"))
+    note = next(t.get_text() for t in fig.texts if t.get_gid() == "traffic-estimate-note")
+    assert "estimated" in note and "1.72 MB, lenet from the model zoo" in note
+    assert {p.get_hatch() for p in fig.axes[0].patches} == {"//"}
+
+
+def test_drawer_takes_the_model_size_from_the_zoo_for_original_logs(tmp_path):
+    original_layout(tmp_path)
+    assert drawer.main(["-b", str(tmp_path), "-n", "lenet"]) == 0
+    svg = (tmp_path / "lenet" / "figures" / "lenet-traffic-load.svg").read_text()
+    assert "lenet from the model zoo" in svg
+
+
+def test_model_mb_overrides_the_zoo(tmp_path):
+    original_layout(tmp_path)
+    assert drawer.main(["-b", str(tmp_path), "-n", "lenet", "--model-mb", "3.5"]) == 0
+    svg = (tmp_path / "lenet" / "figures" / "lenet-traffic-load.svg").read_text()
+    assert "3.5 MB, given with --model-mb" in svg
+
+
+def test_unknown_network_without_model_mb_leaves_the_traffic_out_with_a_notice(tmp_path):
+    logmaker.write_mode(tmp_path, "sync", extras=False, network="mynet")
+    notices = []
+    summaries = drawer.load_summaries(tmp_path / "mynet", notify=notices.append)
+    assert drawer.model_size_for(summaries, "mynet", None, notify=notices.append) is None
+    assert any("--model-mb" in n for n in notices)

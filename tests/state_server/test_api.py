@@ -231,7 +231,12 @@ def test_unknown_job_is_404_naming_the_job(client):
 
 
 def test_default_job_before_init_is_404(client):
-    assert client.get(reverse("state")).status_code == 404
+    assert post_json(client, reverse("apply"), {"r": 0, "k": 1, "c": 0.1}).status_code == 404
+
+
+def test_home_before_init_answers_200_saying_the_default_job_does_not_exist(client):
+    response = client.get(reverse("state"))
+    assert (response.status_code, response.json()["initialised"]) == (200, False)
 
 
 def test_malformed_job_name_is_rejected(client):

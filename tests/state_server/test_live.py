@@ -1,4 +1,6 @@
 """A real state server (gunicorn, started by esync.state_service) on a free loopback port."""
+import http.client
+import socket
 import threading
 import time
 
@@ -99,3 +101,102 @@ def test_job_survives_a_server_restart(tmp_path):
         stop(proc)
     assert answers == [True]
     assert (state["round"], state["num_workers"], state["workers"][1]["c"]) == (3, 2, 0.3)
+
+
+class CuttingProxy:
+    """A loopback HTTP proxy in front of a real state server that forwards each request and cuts
+    the first ``cuts`` answers to ``path_part`` in the middle of their body (the server has
+    processed the call; the client sees "Response ended prematurely")."""
+
+    def __init__(self, upstream: str, *, path_part: str, cuts: int):
+        host, port = upstream.rsplit("/", 1)[-1].rsplit(":", 1)
+        self.upstream = (host, int(port))
+        self.path_part, self.cuts, self.cut_done = path_part.encode(), cuts, 0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            with conn:
+                self._one(conn)
+
+    def _one(self, conn):
+        request = b""
+        while b"\r\n\r\n" not in request:
+            chunk = conn.recv(65536)
+            if not chunk:
+                return
+            request += chunk
+        head, _, body = request.partition(b"\r\n\r\n")
+        length = 0
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        while len(body) < length:
+            body += conn.recv(65536)
+        with socket.create_connection(self.upstream, timeout=30) as up:
+            up.sendall(head + b"\r\n\r\n" + body)
+            answer = http.client.HTTPResponse(up)
+            answer.begin()
+            content = answer.read()
+        cut = self.path_part in head.split(b"\r\n")[0] and self.cut_done < self.cuts
+        sent = content[: len(content) // 2] if cut else content
+        self.cut_done += cut
+        conn.sendall(f"HTTP/1.1 {answer.status} OK\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(content)}\r\nConnection: close\r\n\r\n".encode()
+                     + sent)
+
+    def close(self):
+        self.listener.close()
+
+
+def test_answer_cut_mid_body_is_retried_until_it_arrives(server):
+    StateClient(server.url, job="cut", token=TOKEN).init(2)
+    proxy = CuttingProxy(server.url, path_part="/reset/", cuts=2)
+    try:
+        client = StateClient(proxy.url, job="cut", token=TOKEN, retry_for=30)
+        answer = client.reset(1, 2)
+    finally:
+        proxy.close()
+    assert (answer, proxy.cut_done, client.requests_made) == ({"round": 2}, 2, 3)
+
+
+def test_reset_whose_answer_was_cut_counts_once(server):
+    direct = StateClient(server.url, job="cut-once", token=TOKEN)
+    direct.init(2)
+    direct.apply(1, 1, 0.25)
+    proxy = CuttingProxy(server.url, path_part="/reset/", cuts=1)
+    try:
+        StateClient(proxy.url, job="cut-once", token=TOKEN, retry_for=30).reset(1, 2)
+    finally:
+        proxy.close()
+    rounds = direct.history()["rounds"]
+    assert [(r["round"], [(w["rank"], w["k"]) for w in r["workers"]]) for r in rounds] == [
+        (1, [(1, 1)])]
+
+
+def test_restart_rebuilds_every_workers_round_and_duration(tmp_path):
+    port = free_port()
+    paths = {"db_path": tmp_path / "db.sqlite3", "log_path": tmp_path / "server.log"}
+    proc = start_state_server(port=port, token=TOKEN, **paths)
+    try:
+        wait_until_up(proc.url, timeout=60, proc=proc)
+        client = StateClient(proc.url, job="rebuild", token=TOKEN, retry_for=60)
+        client.init(3)
+        for rank, (c, t) in enumerate([(0.05, 2), (0.2, 3), (0.1, 4)]):
+            client.apply(rank, 1, c)
+            client.reset(rank, t)
+        stop(proc, hard=True)                        # a crash right after the acknowledgements
+        proc = start_state_server(port=port, token=TOKEN, **paths)
+        wait_until_up(proc.url, timeout=60, proc=proc)
+        workers = client.state()["workers"]
+    finally:
+        stop(proc)
+    assert [(w["round"], w["c"]) for w in workers] == [(2, 0.05), (3, 0.2), (4, 0.1)]

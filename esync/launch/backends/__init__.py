@@ -1,0 +1,1 @@
+"""Backends start role specs somewhere and hand back handles (see ``base.py``)."""

@@ -1,0 +1,166 @@
+"""The role plan: which processes a job needs, with which command and environment, on which host.
+
+``plan_roles(config, hosts)`` is pure: it starts nothing and reads nothing, so every backend
+(local processes, network namespaces, ssh, Slurm, Kubernetes) starts exactly the same roles, and
+a test can check the plan without a cluster. Addresses come only from the placement it is given:
+the scheduler, parameter servers, state server and evaluator run on ``hosts.ps``; worker i runs
+on ``hosts.workers[i]``.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+MAIN = REPO / "main.py"
+
+KINDS = ("state", "scheduler", "server", "evaluator", "worker")
+
+
+@dataclass(frozen=True)
+class RoleSpec:
+    """One process of the job.
+
+    ``argv`` is the whole command, starting with this machine's Python (a backend running it on
+    another host may put that host's interpreter in its place); it runs from the repository's
+    folder. ``env`` holds only what the role adds to a clean environment (``DMLC_*``,
+    ``OMP_NUM_THREADS``, ``ESYNC_*``...). ``host`` is the name of the host in the placement, also
+    the ``<host>`` folder of a worker's logs; ``device`` is a worker's device name and log folder
+    (``cpuN``, ``gpuN``, or ``gpuN-M`` for the M-th worker sharing GPU N). ``rank`` is a worker's
+    index in the plan (ps-lite numbers workers by itself; the log shows its rank).
+    """
+    name: str
+    kind: str            # scheduler | server | state | evaluator | worker
+    argv: list[str]
+    env: dict[str, str]
+    host: str
+    device: str = ""
+    rank: int | None = None
+
+    @property
+    def gpu(self) -> int | None:
+        """The GPU index of a GPU worker, else None."""
+        if not self.device.startswith("gpu"):
+            return None
+        return int(self.device[3:].split("-")[0])
+
+
+@dataclass(frozen=True)
+class Host:
+    """An emulated or real machine: ``name`` (log folder), ``address`` (how others reach it) and,
+    when a machine has several interfaces, the one ps-lite must use."""
+    name: str
+    address: str
+    interface: str = ""
+
+
+@dataclass(frozen=True)
+class Hosts:
+    """Placement: ``ps`` holds scheduler, servers, state server and evaluator; one host per worker
+    (several workers may name the same host)."""
+    ps: Host
+    workers: tuple[Host, ...]
+
+    @classmethod
+    def single(cls, name: str, address: str, workers: int) -> "Hosts":
+        """Every role on one machine (the local backend)."""
+        host = Host(name, address)
+        return cls(ps=host, workers=(host,) * workers)
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """What the plan needs to know of the job (the launcher builds it from its flags).
+
+    ``train_argv`` are the ``main.py`` training flags shared by every worker and the evaluator;
+    the plan adds each worker's device, slow-down, host name and the state server's address.
+    """
+    mode: str
+    devices: tuple[str, ...]               # one per worker: "cpu" or "gpuN"
+    slowdowns: tuple[float, ...]           # one per worker, >= 1
+    port: int                              # the ps-lite scheduler's port
+    train_argv: tuple[str, ...] = ()
+    servers: int = 1
+    threads: int = 1
+    evaluator: bool = True
+    state_port: int | None = None          # None: no state server (not ESync, or --local-iters)
+    state_token: str = ""
+    state_db: str = ""                     # the state server's SQLite file
+    python: str = field(default=sys.executable)
+    main_py: str = field(default=str(MAIN))
+
+    @property
+    def workers(self) -> int:
+        return len(self.devices)
+
+
+def device_names(devices) -> list[str]:
+    """cpu0, cpu1, ... for CPU workers; gpuN, or gpuN-2 when two workers share a GPU."""
+    names, seen, cpus = [], {}, 0
+    for d in devices:
+        if d == "cpu":
+            names.append(f"cpu{cpus}")
+            cpus += 1
+        else:
+            seen[d] = seen.get(d, 0) + 1
+            names.append(d if seen[d] == 1 else f"{d}-{seen[d]}")
+    return names
+
+
+def plan_roles(config: ClusterConfig, hosts: Hosts) -> list[RoleSpec]:
+    """Every process of the job in start order: state server, scheduler, servers, evaluator,
+    workers."""
+    if len(hosts.workers) != config.workers:
+        raise ValueError(f"placement has {len(hosts.workers)} worker hosts for "
+                         f"{config.workers} workers")
+    if len(config.slowdowns) != config.workers:
+        raise ValueError(f"{len(config.slowdowns)} slow-down factors for {config.workers} workers")
+    ps = hosts.ps
+    main = [config.python, config.main_py]
+    specs = []
+    if config.state_port is not None:
+        specs.append(RoleSpec(
+            "state-server", "state",
+            [config.python, "-m", "esync.state_service", "--host", ps.address,
+             "--port", str(config.state_port)],
+            {"PYTHONUNBUFFERED": "1", "ESYNC_STATE_TOKEN": config.state_token,
+             "ESYNC_STATE_DB": config.state_db}, ps.name))
+    specs.append(RoleSpec("scheduler", "scheduler", list(main),
+                          _dmlc_env(config, ps, ps, "scheduler"), ps.name))
+    for i in range(config.servers):
+        specs.append(RoleSpec(f"server{i}", "server", list(main),
+                              _dmlc_env(config, ps, ps, "server"), ps.name))
+    train = list(config.train_argv)
+    state = []
+    if config.state_port is not None:
+        state = ["--state-server-ip", ps.address, "--state-server-port", str(config.state_port)]
+    if config.evaluator:
+        env = {"PYTHONUNBUFFERED": "1", "DMLC_ROLE": "evaluator",
+               "OMP_NUM_THREADS": str(config.threads)}
+        if config.state_port is not None:
+            env["ESYNC_STATE_TOKEN"] = config.state_token     # it posts scores to the dashboard
+        specs.append(RoleSpec("evaluator", "evaluator", main + train + state, env, ps.name))
+    names = device_names(config.devices)
+    for i, (device, name, factor, host) in enumerate(zip(config.devices, names,
+                                                           config.slowdowns, hosts.workers)):
+        env = _dmlc_env(config, ps, host, "worker")
+        if config.state_port is not None:
+            env["ESYNC_STATE_TOKEN"] = config.state_token
+        on = ["-c", "1"] if device == "cpu" else ["-c", "0", "-g", device[3:]]
+        argv = main + train + on + ["--device-name", name, "--slowdown", f"{factor:g}",
+                                    "--host-name", host.name] + state
+        specs.append(RoleSpec(f"worker-{name}", "worker", argv, env, host.name, device=name,
+                              rank=i))
+    return specs
+
+
+def _dmlc_env(config: ClusterConfig, ps: Host, host: Host, role: str) -> dict[str, str]:
+    env = {"PYTHONUNBUFFERED": "1", "DMLC_ROLE": role,
+           "DMLC_PS_ROOT_URI": ps.address, "DMLC_PS_ROOT_PORT": str(config.port),
+           "DMLC_NUM_SERVER": str(config.servers), "DMLC_NUM_WORKER": str(config.workers),
+           "DMLC_NODE_HOST": host.address, "OMP_NUM_THREADS": str(config.threads),
+           "MXNET_CPU_WORKER_NTHREADS": "1"}
+    if host.interface:
+        env["DMLC_INTERFACE"] = host.interface
+    return env

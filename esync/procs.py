@@ -1,0 +1,59 @@
+"""Process helpers shared by the launcher, the benchmark and the state-server starter.
+
+Every child we start gets its own process group (``start_new_session=True``) so that one signal
+reaches it and whatever it forked (gunicorn's worker, for one), and ``die_with_parent`` so that
+it gets SIGKILL from the kernel if the process that started it dies, even by SIGKILL, when no
+Python code of ours runs any more.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+
+PR_SET_PDEATHSIG = 1
+
+
+def kill_group(proc_or_pid: subprocess.Popen | int, sig: int = signal.SIGKILL) -> None:
+    """Send ``sig`` to the process group led by ``proc_or_pid``; a group already gone is fine."""
+    pid = proc_or_pid if isinstance(proc_or_pid, int) else proc_or_pid.pid
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on ``host`` right now."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """True if a server could listen on ``host:port`` now. Like gunicorn and ZeroMQ, the probe
+    uses SO_REUSEADDR: connections of a stopped server in TIME_WAIT do not make a port busy."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+            return True
+        except OSError:
+            return False
+
+
+def die_with_parent() -> None:
+    """Child side (``preexec_fn``): SIGKILL this process when its parent dies.
+
+    The kernel ties this to the *thread* that forked the child, so start children from a thread
+    that lives as long as they should (the launcher uses its main thread). It survives ``exec``.
+    """
+    try:
+        parent = os.getppid()
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:       # the parent died before prctl took effect
+            os._exit(1)
+    except OSError:
+        pass

@@ -1,0 +1,132 @@
+"""Round reports, idempotent retries and what a restart rebuilds, through Django's test client."""
+import json
+
+import pytest
+from django.test import Client
+from django.urls import reverse
+
+from coordination import services
+from coordination.models import Job, RoundReport, WorkerRound, WorkerState
+
+pytestmark = pytest.mark.usefixtures("fresh_state")
+
+
+@pytest.fixture
+def client(token):
+    return Client(headers={"Authorization": f"Bearer {token}"})
+
+
+def post(client, action, data, job="p"):
+    return client.post(reverse(f"job-{action}", kwargs={"job": job}), data=json.dumps(data),
+                       content_type="application/json")
+
+
+def live_state(client, job="p"):
+    state = client.get(reverse("job-state", kwargs={"job": job})).json()
+    for worker in state["workers"]:
+        worker.pop("seen_ago")
+        worker.pop("requests")
+    return state
+
+
+@pytest.fixture
+def planned(client):
+    post(client, "init", {"num_workers": 3, "policy": "planned"})
+    return "p"
+
+
+def test_round_report_answers_the_plan_of_every_worker(client, planned):
+    answer = post(client, "rounds", {"t": 1, "k": [1, 1, 1], "c": [0.02, 0.08, 0.04]})
+    assert (answer.status_code, answer.json()) == (200, {"t": 1, "plan": [4, 1, 2]})
+
+
+def test_round_report_is_committed_with_every_worker_of_the_round(client, planned):
+    post(client, "rounds", {"t": 1, "k": [4, 1, 2], "c": [0.02, 0.08, 0.04]})
+    rows = WorkerRound.objects.filter(round=1).order_by("rank").values_list("rank", "k", "c")
+    assert list(rows) == [(0, 4, 0.02), (1, 1, 0.08), (2, 2, 0.04)]
+
+
+def test_a_repeated_round_report_gets_the_same_plan_and_writes_nothing(client, planned):
+    first = post(client, "rounds", {"t": 1, "k": [1, 1, 1], "c": [0.02, 0.08, 0.04]}).json()
+    again = post(client, "rounds", {"t": 1, "k": [1, 1, 1], "c": [0.08, 0.01, 0.01]}).json()
+    assert (again, WorkerRound.objects.count(), RoundReport.objects.count()) == (first, 3, 1)
+
+
+def test_round_report_without_token_is_refused(planned):
+    answer = post(Client(), "rounds", {"t": 1, "k": [1, 1, 1], "c": [0.02, 0.08, 0.04]})
+    assert answer.status_code == 401 and not WorkerRound.objects.exists()
+
+
+def test_round_report_that_is_not_a_list_is_rejected_naming_the_field(client, planned):
+    answer = post(client, "rounds", {"t": 1, "k": "1,1,1", "c": [0.02, 0.08, 0.04]})
+    assert (answer.status_code, answer.json()["field"]) == (400, "k")
+
+
+def test_round_report_on_a_dynamic_job_is_a_conflict(client):
+    post(client, "init", {"num_workers": 2}, job="d")
+    answer = post(client, "rounds", {"t": 1, "k": [1, 1], "c": [0.1, 0.1]}, job="d")
+    assert answer.status_code == 409
+
+
+def test_a_restart_rebuilds_the_plan_and_rounds_of_a_reported_job(client, planned):
+    post(client, "rounds", {"t": 1, "k": [1, 1, 1], "c": [0.02, 0.08, 0.04]})
+    before = live_state(client)
+    services.registry.clear()                          # what a restart does to the memory
+    again = post(client, "rounds", {"t": 1, "k": [1, 1, 1], "c": [0.02, 0.08, 0.04]}).json()
+    after = live_state(client)
+    assert again == {"t": 1, "plan": [4, 1, 2]}
+    assert [(w["round"], w["c"], w["planned_k"]) for w in after["workers"]] == [
+        (w["round"], w["c"], w["planned_k"]) for w in before["workers"]]
+
+
+def test_every_workers_round_is_committed_before_reset_answers(client):
+    post(client, "init", {"num_workers": 2}, job="d")
+    post(client, "apply", {"r": 1, "k": 1, "c": 0.3}, job="d")
+    post(client, "reset", {"r": 1, "t": 3}, job="d")
+    post(client, "reset", {"r": 0, "t": 2}, job="d")
+    rows = WorkerState.objects.order_by("rank").values_list("rank", "round", "c")
+    assert list(rows) == [(0, 2, 0.0), (1, 3, 0.3)]
+
+
+def test_a_restart_rebuilds_each_workers_round_and_duration(client):
+    post(client, "init", {"num_workers": 2}, job="d")
+    post(client, "apply", {"r": 1, "k": 1, "c": 0.3}, job="d")
+    post(client, "reset", {"r": 1, "t": 3}, job="d")
+    post(client, "reset", {"r": 0, "t": 2}, job="d")
+    services.registry.clear()
+    workers = live_state(client, "d")["workers"]
+    assert [(w["round"], w["c"]) for w in workers] == [(2, 0.0), (3, 0.3)]
+
+
+def test_a_late_reset_of_an_older_round_does_not_move_the_worker_back(client):
+    post(client, "init", {"num_workers": 2}, job="d")
+    post(client, "reset", {"r": 0, "t": 5}, job="d")
+    answer = post(client, "reset", {"r": 0, "t": 4}, job="d")
+    assert (answer.json(), live_state(client, "d")["workers"][0]["round"]) == ({"round": 5}, 5)
+
+
+def test_a_retried_init_with_the_same_key_starts_no_new_run(client):
+    post(client, "init", {"num_workers": 2, "key": "k1"}, job="d")
+    post(client, "reset", {"r": 0, "t": 4}, job="d")
+    again = post(client, "init", {"num_workers": 2, "key": "k1"}, job="d").json()
+    assert (again["run"], again["round"], Job.objects.get(name="d").run) == (1, 4, 1)
+
+
+def test_an_init_with_a_new_key_starts_a_new_run(client):
+    post(client, "init", {"num_workers": 2, "key": "k1"}, job="d")
+    assert post(client, "init", {"num_workers": 2, "key": "k2"}, job="d").json()["run"] == 2
+
+
+def test_a_batch_of_round_reports_records_every_round_and_answers_the_last_plan(client, planned):
+    batch = [{"t": t, "k": [1, 1, 1], "c": [0.02, 0.08, 0.04]} for t in (1, 2, 3)]
+    answer = post(client, "rounds", {"rounds": batch}).json()
+    recorded = sorted(set(WorkerRound.objects.values_list("round", flat=True)))
+    assert (answer, recorded) == ({"t": 3, "plan": [4, 1, 2]}, [1, 2, 3])
+
+
+def test_a_batch_with_one_bad_report_changes_nothing(client, planned):
+    batch = [{"t": 1, "k": [1, 1, 1], "c": [0.02, 0.08, 0.04]},
+             {"t": 2, "k": [1, 1], "c": [0.02, 0.08, 0.04]}]
+    answer = post(client, "rounds", {"rounds": batch})
+    assert (answer.status_code, answer.json()["field"], WorkerRound.objects.count()) == (
+        400, "k", 0)

@@ -1,0 +1,171 @@
+"""The launcher's pure parts: the role plan and the stall watchdog's bookkeeping (no processes)."""
+import pytest
+
+from esync.launch import LocalCluster, build_parser
+from esync.launch.plan import ClusterConfig, Host, Hosts, plan_roles
+from esync.launch.supervisor import StallWatch
+
+PS = Host("ps", "10.9.0.1", interface="veth-ps")
+FAST, SLOW = Host("cloud1", "10.9.0.2", interface="veth-c1"), Host("cloud3", "10.9.0.3")
+
+
+def config(**changes):
+    values = dict(mode="esync", devices=("cpu", "cpu"), slowdowns=(1.0, 4.0), port=9100,
+                  train_argv=("-m", "esync", "-b", "8"), state_port=9200, state_token="secret",
+                  state_db="/logs/state.sqlite3", python="/usr/bin/python3",
+                  main_py="/repo/main.py")
+    values.update(changes)
+    return ClusterConfig(**values)
+
+
+def by_name(specs):
+    return {spec.name: spec for spec in specs}
+
+
+def test_plan_starts_every_role_in_dependency_order():
+    specs = plan_roles(config(), Hosts(PS, (FAST, SLOW)))
+    assert [(s.name, s.kind) for s in specs] == [
+        ("state-server", "state"), ("scheduler", "scheduler"), ("server0", "server"),
+        ("evaluator", "evaluator"), ("worker-cpu0", "worker"), ("worker-cpu1", "worker")]
+
+
+def test_ps_lite_addresses_come_from_the_placement():
+    specs = by_name(plan_roles(config(), Hosts(PS, (FAST, SLOW))))
+    assert {s.env["DMLC_PS_ROOT_URI"] for s in specs.values() if "DMLC_PS_ROOT_URI" in s.env} \
+        == {"10.9.0.1"}
+    assert specs["scheduler"].env["DMLC_NODE_HOST"] == "10.9.0.1"
+    assert specs["worker-cpu0"].env["DMLC_NODE_HOST"] == "10.9.0.2"
+    assert specs["worker-cpu1"].env["DMLC_NODE_HOST"] == "10.9.0.3"
+    assert not any("127.0.0.1" in " ".join(s.argv) + " ".join(s.env.values())
+                   for s in specs.values())
+
+
+def test_interface_is_set_only_for_hosts_that_name_one():
+    specs = by_name(plan_roles(config(), Hosts(PS, (FAST, SLOW))))
+    assert specs["server0"].env["DMLC_INTERFACE"] == "veth-ps"
+    assert specs["worker-cpu0"].env["DMLC_INTERFACE"] == "veth-c1"
+    assert "DMLC_INTERFACE" not in specs["worker-cpu1"].env
+
+
+def test_cluster_sizes_reach_every_ps_lite_role():
+    specs = plan_roles(config(servers=2), Hosts(PS, (FAST, SLOW)))
+    dmlc = [s.env for s in specs if s.kind in ("scheduler", "server", "worker")]
+    assert len(dmlc) == 5
+    assert all(e["DMLC_NUM_WORKER"] == "2" and e["DMLC_NUM_SERVER"] == "2"
+               and e["DMLC_PS_ROOT_PORT"] == "9100" for e in dmlc)
+
+
+def test_worker_gets_its_device_slowdown_host_and_the_state_server_address():
+    worker = by_name(plan_roles(config(), Hosts(PS, (FAST, SLOW))))["worker-cpu1"]
+    argv = worker.argv
+    assert argv[:2] == ["/usr/bin/python3", "/repo/main.py"]
+    assert argv[argv.index("--slowdown") + 1] == "4"
+    assert argv[argv.index("--host-name") + 1] == "cloud3"
+    assert argv[argv.index("--state-server-ip") + 1] == "10.9.0.1"
+    assert argv[argv.index("--state-server-port") + 1] == "9200"
+    assert (worker.host, worker.device, worker.rank) == ("cloud3", "cpu1", 1)
+
+
+def test_state_token_travels_in_the_environment_never_on_a_command_line():
+    specs = plan_roles(config(), Hosts(PS, (FAST, SLOW)))
+    assert not any("secret" in s.argv for s in specs)
+    assert by_name(specs)["worker-cpu0"].env["ESYNC_STATE_TOKEN"] == "secret"
+    assert by_name(specs)["state-server"].env["ESYNC_STATE_TOKEN"] == "secret"
+
+
+def test_state_server_listens_on_the_ps_host_with_the_job_database():
+    state = by_name(plan_roles(config(), Hosts(PS, (FAST, SLOW))))["state-server"]
+    assert state.argv[1:] == ["-m", "esync.state_service", "--host", "10.9.0.1", "--port", "9200"]
+    assert state.env["ESYNC_STATE_DB"] == "/logs/state.sqlite3"
+    assert state.host == "ps"
+
+
+def test_modes_without_a_state_server_plan_none():
+    specs = plan_roles(config(mode="sync", state_port=None), Hosts(PS, (FAST, SLOW)))
+    assert "state" not in {s.kind for s in specs}
+    assert not any("--state-server-ip" in s.argv for s in specs)
+
+
+def test_gpu_workers_get_their_gpu_and_distinct_log_folders():
+    specs = plan_roles(config(devices=("gpu0", "gpu0", "cpu"), slowdowns=(1, 1, 1)),
+                       Hosts.single("box", "10.0.0.5", 3))
+    workers = [s for s in specs if s.kind == "worker"]
+    assert [w.device for w in workers] == ["gpu0", "gpu0-2", "cpu0"]
+    assert [w.gpu for w in workers] == [0, 0, None]
+    gpu = workers[1].argv
+    assert gpu[gpu.index("-c") + 1] == "0" and gpu[gpu.index("-g") + 1] == "0"
+
+
+def test_evaluator_gets_the_state_servers_address_and_token_for_the_dashboard():
+    evaluator = by_name(plan_roles(config(), Hosts(PS, (FAST, SLOW))))["evaluator"]
+    argv = " ".join(evaluator.argv)
+    assert ("--state-server-ip 10.9.0.1 --state-server-port 9200" in argv
+            and evaluator.env["ESYNC_STATE_TOKEN"] == "secret")
+
+
+def test_no_evaluator_when_asked():
+    specs = plan_roles(config(evaluator=False), Hosts(PS, (FAST, SLOW)))
+    assert "evaluator" not in {s.kind for s in specs}
+
+
+def test_placement_must_match_the_worker_count():
+    with pytest.raises(ValueError, match="1 worker hosts for 2 workers"):
+        plan_roles(config(), Hosts(PS, (FAST,)))
+
+
+def test_cluster_flags_reach_workers_and_launcher_flags_do_not(tmp_path):
+    parser = build_parser()
+    args = parser.parse_args(["-ld", str(tmp_path), "--workers", "2", "-b", "8",
+                              "--restarts", "2", "--stall-timeout", "30", "--threads", "1"])
+    args.slowdowns = [1.0, 1.0]
+    worker = next(s for s in LocalCluster(args, parser).plan() if s.kind == "worker")
+    assert worker.argv[worker.argv.index("--batch-size") + 1] == "8"
+    for flag in ("--restarts", "--stall-timeout", "--workers", "--threads", "--state-token"):
+        assert flag not in worker.argv
+
+
+# The watchdog's bookkeeping: feed it scans {worker: (rounds logged, newest log time)} and times.
+
+def test_stall_is_declared_after_the_timeout_without_any_round():
+    watch = StallWatch(timeout=10, startup=0, now=0)
+    watch.observe({"w0": (0, 0.0)}, now=0)
+    watch.observe({"w0": (1, 5.0)}, now=5)
+    assert not watch.stalled(now=14)
+    assert watch.stalled(now=16)
+
+
+def test_default_stall_timeout_is_twenty_median_rounds_but_at_least_a_minute():
+    watch = StallWatch(timeout=None, startup=0, now=0)
+    watch.observe({"w0": (0, 0.0)}, now=0)
+    for t in range(1, 6):                              # rounds of 5 s
+        watch.observe({"w0": (t, t * 5.0)}, now=t * 5.0)
+    assert watch.limit() == 100
+    quick = StallWatch(timeout=None, startup=0, now=0)
+    quick.observe({"w0": (0, 0.0)}, now=0)
+    for t in range(1, 6):                              # rounds of 0.5 s
+        quick.observe({"w0": (t, t * 0.5)}, now=t * 0.5)
+    assert quick.limit() == 60
+
+
+def test_startup_gets_its_own_allowance_before_the_first_round():
+    watch = StallWatch(timeout=10, startup=100, now=0)
+    watch.observe({"w0": (0, 0.0)}, now=0)
+    assert not watch.stalled(now=90)
+    assert watch.stalled(now=101)
+
+
+def test_logs_left_by_an_earlier_run_are_not_progress_but_rewritten_rounds_are():
+    watch = StallWatch(timeout=10, startup=0, now=0)
+    watch.observe({"w0": (7, 100.0)}, now=0)           # a resumed job: 7 rounds on disk
+    watch.observe({"w0": (7, 100.0)}, now=8)
+    assert watch.stalled(now=11)
+    watch.observe({"w0": (7, 111.0)}, now=11)          # round 7 run again and rewritten
+    assert not watch.stalled(now=12)
+
+
+def test_idle_time_names_the_worker_that_stopped_logging():
+    watch = StallWatch(timeout=10, startup=0, now=0)
+    watch.observe({"a": (0, 0.0), "b": (0, 0.0)}, now=0)
+    watch.observe({"a": (1, 1.0), "b": (1, 1.0)}, now=1)
+    watch.observe({"a": (2, 6.0), "b": (1, 1.0)}, now=6)
+    assert watch.idle("b", now=10) > watch.idle("a", now=10)

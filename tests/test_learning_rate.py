@@ -1,0 +1,50 @@
+"""The learning rate keeps the original ESync's meaning: one step is lr x the gradient summed over
+the batch (the original backpropagates the per-sample loss vector and calls ``step(1)``).
+
+The cluster modes are checked against the same formula in test_distributed.py (sync, ESync with
+one local step, async and DC-ASGD on the server).
+"""
+import mxnet as mx
+import numpy as np
+from mxnet import autograd, gluon
+
+from esync import cli, models
+from esync.algorithms import AlgorithmConfig, Worker, algorithm_class
+from esync.measure import RoundRecord
+from esync.trainer import TrainingLoop, _shard
+
+LR, BATCH = 0.01, 8
+
+
+def summed_gradient_step(net, x, y, lr):
+    """w - lr * sum_b grad(loss_b), each per-sample gradient from its own backward pass."""
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    params = models.named_parameters(net)
+    total = {name: np.zeros(p.shape, dtype=np.float64) for name, p in params.items()}
+    for b in range(x.shape[0]):
+        with autograd.record():
+            loss = loss_fn(net(x[b:b + 1]), y[b:b + 1])
+        loss.backward()
+        for name, p in params.items():
+            total[name] += p.grad().asnumpy()
+    return {name: p.data().asnumpy() - lr * total[name] for name, p in params.items()}
+
+
+def test_one_local_step_moves_by_lr_times_the_batch_summed_gradient(tmp_path, fashion_data_dir):
+    args = cli.parse_args(["-m", "local", "-c", "1", "-n", "lenet", "-dd", str(fashion_data_dir),
+                           "-ld", str(tmp_path), "-l", str(LR), "-b", str(BATCH)])
+    net = models.build("lenet", mx.cpu(), seed=args.seed)
+    trainable, aux = models.trainable_and_aux(net)
+    worker = Worker(config=AlgorithmConfig.from_args(args), ctx=mx.cpu(), net=net,
+                    trainable=trainable, aux=aux)
+    algo = algorithm_class("local")(worker)
+    algo.setup()
+    loop = TrainingLoop(worker, algo, _shard(args, 0, 1), None, None, tmp_path, "cpu0",
+                        args)
+
+    x, y = _shard(args, 0, 1).next_batch()              # the batch the loop will take first
+    want = summed_gradient_step(models.build("lenet", mx.cpu(), seed=args.seed), x, y, LR)
+    k, _, _ = loop._local_phase(RoundRecord(1), 0.0)
+
+    got = {name: p.data().asnumpy() for name, p in models.named_parameters(net).items()}
+    assert k == 1 and all(np.allclose(got[n], want[n], rtol=1e-4, atol=1e-6) for n in want)
