@@ -1,12 +1,13 @@
 """The ESync state server's decisions: how long each worker keeps computing locally in a round.
 
 Plain Python with an injected clock, so every branch is testable without HTTP; the Django views
-of ``state_server/`` only parse, validate, call this module and serialise (see ``ESYNC.md``).
+of ``state_server/`` only parse, validate, call this module and serialise (see
+``docs/ALGORITHM.md``).
 
 Two policies, chosen per job at ``init``:
 
 ``dynamic`` (the original ESync, one request before every local iteration)
-    ``JobState.apply(rank, k, c)`` follows ESYNC.md's pseudo-code: record ``k_i``, ``c_i`` and
+    ``JobState.apply(rank, k, c)`` follows the pseudo-code: record ``k_i``, ``c_i`` and
     ``seen_i`` (the *server's* receive time; worker timestamps are never used, so clocks need not
     agree), then answer "not ready" when ``k_i == 0`` or when the slowest worker ``s`` (largest
     ``c``) has not started the current round, and "ready" when ``i == s``, when ``s`` is already
@@ -276,7 +277,7 @@ class Changes:
 
 @dataclass
 class _Worker:
-    # The decision state of ESYNC.md.
+    # The decision state of docs/ALGORITHM.md.
     k: int = 0
     c: float = 0.0
     seen: float | None = None

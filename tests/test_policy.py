@@ -1,4 +1,4 @@
-"""esync.policy: ESYNC.md's decision table branch by branch, the planned policy, the slack, threads."""
+"""esync.policy: the decision table (docs/ALGORITHM.md), the planned policy, the slack, threads."""
 import heapq
 import math
 import sys
@@ -41,7 +41,7 @@ def start_round_two(job, clock, *, slow_c=1.0, fast_c=0.1):
     job.apply(0, 0, fast_c)
 
 
-# -- the decision table of ESYNC.md ------------------------------------------------------------
+# -- the decision table of docs/ALGORITHM.md -------------------------------------------------------
 
 def test_first_report_of_a_round_is_never_ready(clock):
     job = dynamic_job(clock)

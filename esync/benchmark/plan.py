@@ -177,8 +177,11 @@ def _job(args, row, setting, rep, lr, root, budget, log) -> Job:
 def job_argv(args, row: Row, setting: Setting, lr: float, root: Path,
              budget: float) -> list[str]:
     mode = modes.get(row.mode)
+    # The budget is training time for every mode: a cluster's evaluator scores apart (wall time
+    # is training time there); -m local scores inline, which --max-train-seconds leaves out.
+    budget_flag = "--max-seconds" if mode.cluster else "--max-train-seconds"
     common = ["-n", args.network, "-b", str(args.batch_size), row.lr_flag, f"{lr!r}",
-              "--max-seconds", f"{budget!r}", "-ld", str(root), "--seed", str(args.seed),
+              budget_flag, f"{budget!r}", "-ld", str(root), "--seed", str(args.seed),
               "-dd", str(args.data_dir)]
     if not mode.cluster:
         return [sys.executable, str(MAIN), "-m", mode.cli_mode, "-c", "1", *common,
