@@ -317,8 +317,9 @@ def render(args, *, jobs: list[Job], tune_jobs: list[Job], results: dict,
           f"state-server policy {args.policy}",
           "- standalone SGD (`local`): `main.py -m local` on one device at full speed "
           f"(slow-down 1, `OMP_NUM_THREADS=1`), evaluated every {args.local_eval_every} "
-          "iterations (evaluation time is not training time); it needs no network, so it runs "
-          "once and serves every network setting",
+          "iterations; its budget is training time (`--max-train-seconds`: the inline scoring "
+          "of the test set is left out, as the evaluator's work is in a cluster); it needs no "
+          "network, so it runs once and serves every network setting",
           f"- target test accuracy {args.target:.2f}; {args.repeats} repeat(s)"
           + ("" if args.repeats == 1 else " (cells: mean ± sample std over repeats)"),
           f"- started {started:%Y-%m-%d %H:%M:%S}, took {seconds / 60:.1f} min; "
