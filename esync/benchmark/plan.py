@@ -177,15 +177,15 @@ def _job(args, row, setting, rep, lr, root, budget, log) -> Job:
 def job_argv(args, row: Row, setting: Setting, lr: float, root: Path,
              budget: float) -> list[str]:
     mode = modes.get(row.mode)
-    # The budget is training time for every mode: a cluster's evaluator scores apart (wall time
-    # is training time there); -m local scores inline, which --max-train-seconds leaves out.
-    budget_flag = "--max-seconds" if mode.cluster else "--max-train-seconds"
     common = ["-n", args.network, "-b", str(args.batch_size), row.lr_flag, f"{lr!r}",
-              budget_flag, f"{budget!r}", "-ld", str(root), "--seed", str(args.seed),
-              "-dd", str(args.data_dir)]
+              "-ld", str(root), "--seed", str(args.seed), "-dd", str(args.data_dir)]
     if not mode.cluster:
+        # The same training time as the cluster runs; the inline scoring of the test set is
+        # not training time, so the budget is --max-train-seconds, not wall time.
         return [sys.executable, str(MAIN), "-m", mode.cli_mode, "-c", "1", *common,
+                "--max-train-seconds", f"{budget!r}", "--max-seconds", "0",
                 "-e", str(args.local_eval_every)]
+    common += ["--max-seconds", f"{budget!r}"]
     argv = [sys.executable, "-m", "esync.launch", "-m", mode.cli_mode]
     if mode.dcasgd:
         argv += ["-dcasgd", str(mode.dcasgd)]
