@@ -117,6 +117,14 @@ class StateClient:
         """Tell the server that worker ``rank`` now enters ``round``."""
         return self._post("reset", {"r": rank, "t": round})
 
+    def hello(self, rank: int, *, host: str, device: str) -> dict:
+        """Tell the dashboard where worker ``rank`` runs (once, at start)."""
+        return self._post("hello", {"r": rank, "host": host, "device": device})
+
+    def score(self, round: int, *, time: float, accuracy: float) -> dict:
+        """Evaluator: the test accuracy of the checkpoint of ``round``, for the dashboard."""
+        return self._post("scores", {"round": round, "time": time, "accuracy": accuracy})
+
     def state(self) -> dict:
         """The live state of the job (every worker's k, c, ready, round)."""
         return self._request("GET", self._path(""))

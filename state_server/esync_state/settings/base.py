@@ -25,11 +25,12 @@ DEBUG = os.environ.get("ESYNC_STATE_DEBUG") == "1"
 ALLOWED_HOSTS = [host.strip() for host in os.environ.get("ESYNC_STATE_ALLOWED_HOSTS", "*").split(",")
                  if host.strip()]
 
-INSTALLED_APPS = ["coordination"]
+INSTALLED_APPS = ["coordination", "dashboard"]
 MIDDLEWARE = ["django.middleware.security.SecurityMiddleware", "coordination.http.HeadWithoutBody"]
 ROOT_URLCONF = "esync_state.urls"
 WSGI_APPLICATION = "esync_state.wsgi.application"
-TEMPLATES = []
+# The dashboard's page is the only template (in dashboard/templates/); the API answers JSON.
+TEMPLATES = [{"BACKEND": "django.template.backends.django.DjangoTemplates", "APP_DIRS": True}]
 
 DATABASES = {
     "default": {
