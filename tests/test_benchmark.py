@@ -413,8 +413,9 @@ def synthetic_report(data_dir, tmp_path, full_launcher):
     labels = {r.name: r.label for r in rows.values()}
     shaping_info = {"reference": shaping.REFERENCE, "ratio": shaping.RATIO,
                     "measured": {"model_bytes": 1_724_320, "compute_s": 0.02},
-                    "derived_bit_s": 1.1495e9, "derived": "1150mbit",
-                    "worker": ["1150mbit"], "server": "1150mbit", "auto": True}
+                    "derived_bit_s": shaping.matching_rate_bit_s(1_724_320, 0.02),
+                    "derived": "111mbit", "worker": ["111mbit"], "server": "111mbit",
+                    "auto": True}
     text = report.render(args, jobs=jobs, tune_jobs=[], results=results, settings=settings,
                          names=list(rows), labels=labels,
                          tuning=metrics.best_learning_rates(tune), shaping=shaping_info,
