@@ -3,22 +3,28 @@
 # train on it), run pytest. Extra arguments go to pytest, e.g. `bash scripts/test.sh -k launch`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# The cluster backends are tested against real daemons: an sshd (ssh backend) and a single-node
-# Slurm with munge (Slurm backend). As root, install what is missing; otherwise those tests skip
-# and say why.
+# Some tests run against real system programs: an sshd (ssh backend), a single-node Slurm with
+# munge (Slurm backend), iproute2 (emulated hosts in network namespaces) and Debian's chromium
+# (the dashboard in a headless browser). As root, install what is missing; otherwise those tests
+# skip and say why.
 need=()
 command -v /usr/sbin/sshd >/dev/null || need+=(openssh-server)
 command -v ssh >/dev/null || need+=(openssh-client)
-command -v slurmctld >/dev/null && command -v slurmd >/dev/null || need+=(slurm-wlm)
+{ command -v slurmctld && command -v slurmd; } >/dev/null || need+=(slurm-wlm)
 command -v munged >/dev/null || need+=(munge)
+{ command -v ip && command -v tc; } >/dev/null || need+=(iproute2)
+command -v chromium >/dev/null || need+=(chromium)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "test: installing ${need[*]} (the ssh and Slurm backend tests use them)"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq >/dev/null
-    apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+    echo "test: installing ${need[*]} (the backend, network-namespace and dashboard tests use them)"
+    mkdir -p .venv
+    if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+           apt-get install -y -qq --no-install-recommends "${need[@]}"; } >.venv/apt.log 2>&1; then
+      echo "test: installing ${need[*]} failed (see .venv/apt.log); the tests that need them" \
+           "will skip and say why" >&2
+    fi
   else
-    echo "test: ${need[*]} missing and not root: the ssh/Slurm backend tests will skip" >&2
+    echo "test: ${need[*]} missing and not root: the tests that need them will skip" >&2
   fi
 fi
 bash scripts/setup.sh

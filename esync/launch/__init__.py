@@ -30,12 +30,15 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import sys
 from pathlib import Path
 
 from esync import cli
 from esync.launch import remote
+from esync.netns import NetnsError
 from esync.launch.backends.local import LocalBackend
+from esync.launch.backends.netns import NetnsBackend, add_network_args, layout_from_args
 from esync.launch.plan import MAIN, REPO, ClusterConfig, Hosts, device_names, plan_roles
 from esync.launch.supervisor import Options, Progress, Supervisor
 from esync.procs import free_port, port_is_free
@@ -54,7 +57,7 @@ DEFAULT_SLOWDOWN = "1,1,4,8"      # DESIGN.md's emulated cluster: two fast, one 
 LOCAL_ADDRESS = "127.0.0.1"       # the local backend's one host
 LAUNCHER_ONLY = {"workers", "slowdown_list", "devices", "servers", "threads", "port", "state_port",
                  "no_evaluator", "no_summary", "quiet", "stall_timeout", "startup_timeout",
-                 "restarts"}
+                 "restarts", "net", "hosts", "bandwidth", "server_bandwidth"}
 # Set per role by the plan (the state server's address, each worker's host) or passed in the
 # environment (the token: never on a command line, where `ps` shows it).
 PLANNED = {"state_server_ip", "state_server_port", "host_name", "state_token"}
@@ -111,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-evaluator", action="store_true", help="do not score checkpoints")
     g.add_argument("--no-summary", action="store_true", help="do not write the summary JSON")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_network_args(parser.add_argument_group("network"))
     LAUNCHER_ONLY.update(remote.add_arguments(parser))
     r = parser.add_argument_group("failures")
     r.add_argument("--stall-timeout", type=cli.bounded_number(float, low=0, strict=True,
@@ -146,12 +150,13 @@ def worker_argv(parser: argparse.ArgumentParser, args: argparse.Namespace) -> li
 class LocalCluster:
     """The launcher's side of a run on this machine: the plan's inputs, restarts, reports."""
 
-    def __init__(self, args, parser):
+    def __init__(self, args, parser, backend=None, hosts=None):
         self.args, self.parser = args, parser
+        self._backend = backend or LocalBackend()
         self.mode_dir = _mode_dir(args)
         self.proc_dir = self.mode_dir / "processes"
         self.devices = _device_list(args.devices, args.workers)
-        self.hosts = Hosts.single(args.host_name, LOCAL_ADDRESS, args.workers)
+        self.hosts = hosts or Hosts.single(args.host_name, LOCAL_ADDRESS, args.workers)
         self.uses_state_server = args.mode == "esync" and not args.local_iters
         self.token = args.state_token or secrets.token_urlsafe(24)
         self.config = self.configure(resume=args.resume, overwrite=args.overwrite)
@@ -159,14 +164,17 @@ class LocalCluster:
     def configure(self, *, resume: bool, overwrite: bool) -> ClusterConfig:
         """The plan's input; ports are picked again for each start unless the user fixed them."""
         a, address = self.args, self.hosts.ps.address
-        port = a.port or free_port(address)
-        if not port_is_free(port, address):
+
+        def on_ps(fn, *args):        # ports as the ps host sees them (its own namespace, if any)
+            return self._backend.run_on(self.hosts.ps.name, fn, *args)
+        port = a.port or on_ps(free_port, address)
+        if not on_ps(port_is_free, port, address):
             raise cli.UsageError(f"argument --port: port {port} is in use; pick another or "
                                  "leave --port out to get a free one")
         state_port = None
         if self.uses_state_server:
-            state_port = a.state_port or free_port(address)
-            if not port_is_free(state_port, address):
+            state_port = a.state_port or on_ps(free_port, address)
+            if not on_ps(port_is_free, state_port, address):
                 raise cli.UsageError(f"argument --state-port: port {state_port} is in use")
         a.resume, a.overwrite = resume, overwrite
         return ClusterConfig(
@@ -176,10 +184,13 @@ class LocalCluster:
             state_db=str(self.mode_dir / "state_server.sqlite3"))
 
     def plan(self):
+        if self.uses_state_server:
+            print(f"esync-cluster: dashboard at http://{self.hosts.ps.address}:"
+                  f"{self.config.state_port}/dashboard/?job={self.args.job}", flush=True)
         return plan_roles(self.config, self.hosts)
 
     def backend(self):
-        return LocalBackend()
+        return self._backend
 
     def restart_plan(self, attempt: int):
         """Make the folder ready to resume from the last checkpoint; the plan that does it.
@@ -195,8 +206,7 @@ class LocalCluster:
             raise RuntimeError(str(exc)) from None
         if found is None:
             print("esync-cluster: no checkpoint yet; starting the job over", file=sys.stderr)
-            self.config = self.configure(resume=False, overwrite=True)
-            return self.plan()
+            return self._replan(resume=False, overwrite=True)
         done = int(found[1]["round"])
         for log in self.mode_dir.glob("*/*/iter-*.txt"):
             if log.parent.parent.name in ("processes", "checkpoints"):
@@ -205,17 +215,27 @@ class LocalCluster:
                 log.unlink()
         store.clear_done()
         print(f"esync-cluster: resuming from {found[0].name} (round {done})", file=sys.stderr)
-        self.config = self.configure(resume=True, overwrite=False)
+        return self._replan(resume=True, overwrite=False)
+
+    def _replan(self, *, resume: bool, overwrite: bool):
+        try:
+            self.config = self.configure(resume=resume, overwrite=overwrite)
+        except cli.UsageError as exc:           # e.g. a fixed --port taken meanwhile
+            raise RuntimeError(str(exc)) from None
         return self.plan()
 
     def state_view(self) -> str:
         """The state server's view of every worker (for a stall report), or why there is none."""
         from esync.state_client import StateClient, StateServerError
         url = f"http://{self.hosts.ps.address}:{self.config.state_port}"
-        try:
+
+        def ask():
             with StateClient(url, job=self.args.job, token=self.token, timeout=3.0,
                              retry_for=0.0) as client:
-                view = client.state()
+                return client.state()
+        try:
+            runner = getattr(self, "_backend", None)     # remote jobs ask from here
+            view = runner.run_on(self.hosts.ps.name, ask) if runner else ask()
         except (StateServerError, OSError) as exc:
             return f"  (no answer from {url}: {exc})"
         return _format_view(view)
@@ -299,27 +319,66 @@ def _report(mode_dir: Path) -> None:
           + (f"; final test accuracy {acc:.4f}" if acc is not None else ""))
 
 
+def _backend(args):
+    """Where the processes run, and the placement of hosts the plan gets from it.
+
+    --net netns builds the emulated hosts now (clearing what dead launchers left first); the
+    supervisor's close() of the backend removes them on every way out.
+    """
+    layout = layout_from_args(args, args.workers)
+    if layout is None:
+        return LocalBackend(), None
+    backend = NetnsBackend(layout)
+    backend.create()
+    return backend, backend.placement()
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _parse(parser, argv) -> argparse.Namespace:
+    """Parse and check every flag; a bad one raises UsageError before anything is started."""
+    args = parser.parse_args(argv)
+    # Every process gets absolute paths: workers run from the repository, the state server
+    # from state_server/, the user from anywhere.
+    args.log_dir = str(Path(args.log_dir).resolve())
+    args.data_dir = str(Path(args.data_dir).resolve())
+    args.tensorboard = str(Path(args.tensorboard or _mode_dir(args)).resolve())
+    remote.prepare(args, sys.argv[1:] if argv is None else list(map(str, argv)))
+    if args.backend != "local" and args.net != "loopback":
+        raise cli.UsageError(f"--net {args.net} emulates hosts on this machine: it needs "
+                             f"--backend local, not --backend {args.backend}")
+    if args.slowdown_list is None:
+        args.slowdown_list = DEFAULT_SLOWDOWN if args.workers == 4 else "1"
+    args.slowdowns = _slowdown_list(args.slowdown_list, args.workers)
+    if args.use_dcasgd and args.mode != "async":
+        raise cli.UsageError("argument -dcasgd/--use-dcasgd: needs -m async")
+    if args.mode == "local":
+        raise cli.UsageError("-m local is one device: run `python main.py -m local ...`")
+    if args.resume and args.overwrite:
+        raise cli.UsageError("--resume and --overwrite exclude each other")
+    cli.check_esync_options(args)
+    layout_from_args(args, args.workers)
+    if args.backend != "kubernetes":          # the pods check their own data and logs
+        _check_before_start(args)
+    return args
+
+
 def main(argv=None) -> int:
     parser = build_parser()
+    backend = None
+    # Until the supervisor takes the signals over, SIGTERM unwinds like Ctrl-C, so that the
+    # backend's resources (emulated hosts) are freed on that path too.
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
-        args = parser.parse_args(argv)
-        # Every process gets absolute paths: workers run from the repository, the state server
-        # from state_server/, the user from anywhere.
-        args.log_dir = str(Path(args.log_dir).resolve())
-        args.data_dir = str(Path(args.data_dir).resolve())
-        remote.prepare(args, sys.argv[1:] if argv is None else list(map(str, argv)))
-        if args.slowdown_list is None:
-            args.slowdown_list = DEFAULT_SLOWDOWN if args.workers == 4 else "1"
-        args.slowdowns = _slowdown_list(args.slowdown_list, args.workers)
-        if args.use_dcasgd and args.mode != "async":
-            raise cli.UsageError("argument -dcasgd/--use-dcasgd: needs -m async")
-        if args.mode == "local":
-            raise cli.UsageError("-m local is one device: run `python main.py -m local ...`")
-        if args.resume and args.overwrite:
-            raise cli.UsageError("--resume and --overwrite exclude each other")
-        if args.backend != "kubernetes":          # the pods check their own data and logs
-            _check_before_start(args)
-        cluster = remote.make_cluster(args, parser, LocalCluster)
+        args = _parse(parser, argv)
+        if args.backend == "local":
+            backend, hosts = _backend(args)
+            cluster = LocalCluster(args, parser, backend, hosts)
+        else:
+            cluster = remote.make_cluster(args, parser, LocalCluster)
+            backend = cluster.backend()
         specs = cluster.plan()
         if args.backend == "kubernetes":
             written = cluster.emit()
@@ -329,24 +388,31 @@ def main(argv=None) -> int:
                 return 0
         else:
             _write_cluster_json(cluster.mode_dir, args)
+        options = Options(stall_timeout=args.stall_timeout,
+                          startup_timeout=args.startup_timeout, restarts=args.restarts,
+                          state_restarts=STATE_SERVER_RESTARTS)
+        if args.backend == "kubernetes":
+            # The logs are on the cluster's volume: rounds cannot be watched from here.
+            options.stall_timeout = options.startup_timeout = float("inf")
+        progress = Progress(cluster.mode_dir, args.max_rounds, f"{args.mode} {args.network}",
+                            quiet=args.quiet)
+        supervisor = Supervisor(backend, cluster.proc_dir, cluster.mode_dir, options,
+                                progress=progress, on_restart=cluster.restart_plan,
+                                state_view=cluster.state_view if cluster.uses_state_server
+                                else None)
+        code = supervisor.run(specs)
     except cli.UsageError as exc:
         print(f"esync-cluster: error: {exc}", file=sys.stderr)
         return 2
-    options = Options(stall_timeout=args.stall_timeout, startup_timeout=args.startup_timeout,
-                      restarts=args.restarts, state_restarts=STATE_SERVER_RESTARTS)
-    progress = Progress(cluster.mode_dir, args.max_rounds, f"{args.mode} {args.network}",
-                        quiet=args.quiet)
-    if args.backend == "kubernetes":
-        # The logs are on the cluster's volume: rounds cannot be watched from here.
-        options.stall_timeout = options.startup_timeout = float("inf")
-    supervisor = Supervisor(cluster.backend(), cluster.proc_dir, cluster.mode_dir, options,
-                            progress=progress, on_restart=cluster.restart_plan,
-                            state_view=cluster.state_view if cluster.uses_state_server else None)
-    try:
-        code = supervisor.run(specs)
-    except (RuntimeError, OSError) as exc:
+    except (NetnsError, RuntimeError, OSError) as exc:
         print(f"esync-cluster: error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("esync-cluster: interrupted", file=sys.stderr)
+        return 130
+    finally:
+        if backend is not None:
+            backend.close()                  # idempotent; the supervisor closed it already
     if code == 0 and args.backend == "kubernetes":
         print(f"esync-cluster: done; the logs are on the volume {args.k8s_name}-logs")
     elif code == 0:

@@ -89,7 +89,7 @@ class LocalBackend(Backend):
                     out.write(f"--- esync-cluster started {spec.name} at "
                               f"{time.strftime('%Y-%m-%d %H:%M:%S')} ---\n".encode())
                     out.flush()
-                    proc = subprocess.Popen(spec.argv, env={**self.base_env, **spec.env},
+                    proc = subprocess.Popen(self.command(spec), env={**self.base_env, **spec.env},
                                             stdout=out, stderr=subprocess.STDOUT,
                                             stdin=subprocess.DEVNULL, cwd=str(self.cwd),
                                             start_new_session=True, preexec_fn=die_with_parent)
@@ -101,6 +101,10 @@ class LocalBackend(Backend):
                 handle.terminate(hard=True)
             raise
         return started
+
+    def command(self, spec: RoleSpec) -> list[str]:
+        """The command line that starts `spec` (a subclass may wrap it, e.g. in a namespace)."""
+        return list(spec.argv)
 
     def close(self) -> None:
         for handle in self.handles:

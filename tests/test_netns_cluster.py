@@ -1,0 +1,230 @@
+"""`esync-cluster --net netns`: real clusters whose hosts are network namespaces with shaped links.
+
+Needs root and iproute2 (scripts/test.sh installs it when root); skips, saying why, otherwise.
+Every launcher a test starts is stopped by a finalizer, which then removes whatever namespaces
+it left, so a failing test leaves nothing behind either.
+"""
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+import pytest
+
+from esync import launch, netns
+from support import REPO, device_logs, processes_mentioning, write_fashion_dir
+
+
+def _why_no_netns():
+    try:
+        netns.check_available()
+    except netns.NetnsError as exc:
+        return str(exc)
+    return None
+
+
+needs_netns = pytest.mark.skipif(_why_no_netns() is not None,
+                                 reason=f"network namespaces unavailable: {_why_no_netns()}")
+RATE = 20_000_000          # bits/s: 20mbit
+
+
+def namespaces_of(pid):
+    return [n for n in netns.namespaces() if netns.NAME_RE.match(n)
+            and int(netns.NAME_RE.match(n).group(1)) == pid]
+
+
+class Launchers:
+    """esync-cluster processes of one test or module; stop_all() kills what is left and removes
+    the namespaces of launchers that could not (SIGKILLed, or killed here)."""
+
+    def __init__(self):
+        self.started = []
+
+    def start(self, log_dir, data_dir, *args):
+        proc = subprocess.Popen([sys.executable, "-m", "esync.launch", "-ld", str(log_dir),
+                                 "-dd", str(data_dir), "--quiet", "--net", "netns",
+                                 *map(str, args)],
+                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        self.started.append(proc)
+        return proc
+
+    def run(self, log_dir, data_dir, *args, timeout=400):
+        proc = self.start(log_dir, data_dir, *args)
+        out, err = proc.communicate(timeout=timeout)
+        assert proc.returncode == 0, f"cluster failed ({proc.returncode}):\n{out}\n{err}"
+        return proc
+
+    def stop_all(self):
+        for proc in self.started:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.communicate(timeout=60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.communicate()
+        netns.remove_stale()
+
+
+@pytest.fixture
+def launchers():
+    made = Launchers()
+    yield made
+    made.stop_all()
+
+
+@pytest.fixture(scope="module")
+def module_launchers():
+    made = Launchers()
+    yield made
+    made.stop_all()
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return write_fashion_dir(tmp_path_factory.mktemp("data"))
+
+
+def wait_for_round(launcher, mode_dir, timeout=300):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert launcher.poll() is None, f"launcher ended early: {launcher.communicate()}"
+        if list(mode_dir.glob("*/*/iter-*.txt")):
+            return
+        time.sleep(0.2)
+    raise AssertionError("no round logged")
+
+
+@needs_netns
+@pytest.mark.timeout(600)
+def test_push_pull_time_follows_the_link_rate(tmp_path, data_dir, launchers):
+    # Both workers push over their own 10mbit link at once; the pulls come back over the
+    # unshaped ps link in milliseconds. So a round's communication takes bytes pushed / rate.
+    launchers.run(tmp_path, data_dir, "-m", "sync", "--workers", 2, "-b", 8,
+                  "--bandwidth", "10mbit", "--max-rounds", 6, "--max-seconds", 0,
+                  "--no-evaluator")
+    ratios = []
+    for rounds in device_logs(tmp_path / "lenet" / "sync").values():
+        for r in rounds[1:]:            # the first round also waits for the slower start
+            ratios.append(r["wait_time"] / (r["bytes_pushed"] * 8 / 10_000_000))
+    assert 0.7 <= statistics.median(ratios) <= 1.3, ratios
+
+
+@pytest.fixture(scope="module")
+def async_run(tmp_path_factory, data_dir, module_launchers):
+    """ASGD on 3 workers, two sharing host0, every link (ps too) at 20mbit; its mode folder."""
+    log_dir = tmp_path_factory.mktemp("async")
+    module_launchers.run(log_dir, data_dir, "-m", "async", "--workers", 3, "--hosts", "2,1",
+                         "-b", 8, "--bandwidth", "20mbit", "--server-bandwidth", "20mbit",
+                         "--max-seconds", 10, "--no-evaluator")
+    return log_dir / "lenet" / "async"
+
+
+@needs_netns
+@pytest.mark.timeout(600)
+def test_async_traffic_is_bounded_by_the_links(async_run):
+    # Unshaped, this job moves far more (lenet ASGD on loopback: ~100 MB/s). Shaped, a host's
+    # pushes cannot exceed its link, nor all workers' pulls the ps link.
+    logs = {host.name: [json.loads(p.read_text()) for p in host.glob("*/iter-*.txt")]
+            for host in async_run.glob("host*")}
+    seconds = max(r["total_time"] for rounds in logs.values() for r in rounds)
+    rates = {f"{host} push": sum(r["bytes_pushed"] for r in rounds) * 8 / seconds
+             for host, rounds in logs.items()}
+    rates["ps pull"] = sum(r["bytes_pulled"] for rounds in logs.values()
+                           for r in rounds) * 8 / seconds
+    assert max(rates.values()) <= 1.1 * RATE, rates
+
+
+@needs_netns
+@pytest.mark.timeout(600)
+def test_each_emulated_host_is_the_log_folder_of_its_workers(async_run):
+    folders = sorted(f"{p.parent.name}/{p.name}" for p in async_run.glob("host*/*"))
+    assert folders == ["host0/cpu0", "host0/cpu1", "host1/cpu2"]
+
+
+@pytest.fixture(scope="module")
+def killed_launcher(tmp_path_factory, data_dir, module_launchers):
+    """An ESync cluster whose launcher got SIGKILL after its first round: (pid, log dir)."""
+    log_dir = tmp_path_factory.mktemp("killed")
+    proc = module_launchers.start(log_dir, data_dir, "-m", "esync", "--workers", 2, "-b", 8,
+                                  "--max-seconds", 300, "--no-evaluator")
+    wait_for_round(proc, log_dir / "lenet" / "esync")
+    assert namespaces_of(proc.pid), "the launcher made no namespaces"
+    proc.kill()
+    proc.communicate()
+    return proc.pid, log_dir
+
+
+@needs_netns
+@pytest.mark.timeout(600)
+def test_processes_in_namespaces_die_with_a_killed_launcher(killed_launcher):
+    _, log_dir = killed_launcher
+    deadline = time.monotonic() + 30
+    while processes_mentioning(str(log_dir)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert processes_mentioning(str(log_dir)) == []
+
+
+@needs_netns
+@pytest.mark.timeout(600)
+def test_next_run_removes_the_namespaces_of_a_killed_launcher(killed_launcher, tmp_path,
+                                                              data_dir, launchers):
+    pid, _ = killed_launcher
+    launchers.run(tmp_path, data_dir, "-m", "sync", "--workers", 1, "-b", 8,
+                  "--max-rounds", 1, "--max-seconds", 0, "--no-evaluator")
+    assert namespaces_of(pid) == []
+
+
+@needs_netns
+@pytest.mark.timeout(600)
+def test_crashed_worker_ends_the_run_and_its_namespaces(tmp_path, data_dir, launchers):
+    launcher = launchers.start(tmp_path, data_dir, "-m", "sync", "--workers", 2, "-b", 8,
+                               "--max-seconds", 300, "--no-evaluator")
+    wait_for_round(launcher, tmp_path / "lenet" / "sync")
+    victim = next(p for p in processes_mentioning(str(tmp_path))
+                  if "--device-name cpu1" in open(f"/proc/{p}/cmdline").read().replace("\0", " "))
+    os.kill(victim, signal.SIGKILL)
+    launcher.communicate(timeout=180)
+    assert (launcher.returncode, namespaces_of(launcher.pid)) == (1, [])
+
+
+@needs_netns
+@pytest.mark.timeout(600)
+def test_sigterm_ends_the_run_and_its_namespaces(tmp_path, data_dir, launchers):
+    launcher = launchers.start(tmp_path, data_dir, "-m", "sync", "--workers", 2, "-b", 8,
+                               "--max-seconds", 300, "--no-evaluator")
+    wait_for_round(launcher, tmp_path / "lenet" / "sync")
+    launcher.send_signal(signal.SIGTERM)
+    launcher.communicate(timeout=180)
+    assert (launcher.returncode, namespaces_of(launcher.pid)) == (130, [])
+
+
+# refusals (no root needed) -----------------------------------------------------------------------
+
+def test_without_root_netns_is_one_line_and_exit_2(tmp_path, data_dir, monkeypatch, capsys):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    code = launch.main(["--net", "netns", "-ld", str(tmp_path), "-dd", str(data_dir)])
+    err = capsys.readouterr().err
+    assert (code, err.count("\n"), "needs root" in err) == (2, 1, True), err
+
+
+@pytest.mark.parametrize("flags", [["--bandwidth", "20mbit"], ["--server-bandwidth", "1gbit"],
+                                   ["--hosts", "2,2"]])
+def test_network_flags_need_netns(tmp_path, data_dir, flags, capsys):
+    code = launch.main([*flags, "-ld", str(tmp_path), "-dd", str(data_dir)])
+    assert (code, "needs --net netns" in capsys.readouterr().err) == (2, True)
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--hosts", "3,3"], "places 6 devices, but there are 4 workers"),
+    (["--hosts", "2,x"], "not a comma-separated list"),
+    (["--bandwidth", "20mbit,1gbit,5mbit"], "3 rates for 4 worker hosts"),
+    (["--bandwidth", "fast"], "is not a rate"),
+    (["--server-bandwidth", "20"], "is not a rate")])
+def test_bad_network_flags_are_named(tmp_path, data_dir, flags, says, capsys):
+    code = launch.main(["--net", "netns", *flags, "-ld", str(tmp_path), "-dd", str(data_dir)])
+    assert (code, says in capsys.readouterr().err) == (2, True)
