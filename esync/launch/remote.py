@@ -202,6 +202,10 @@ class SlurmJob(_RemoteMixin):
         from esync.launch.backends import slurm
         return slurm.SlurmBackend(lambda: self.config, self.args.nodes, **self.options)
 
+    def plan(self):
+        # The state server's address and port exist only once the job runs (node 0, job id).
+        return plan_roles(self.config, self.hosts)
+
     def state_view(self) -> str:
         return "  (the state server runs inside the Slurm job; see processes/state-server.log)"
 
