@@ -220,6 +220,8 @@ class KubernetesJob(_RemoteMixin):
         # What the pods see: the image's paths and the volume, not this machine's.
         args.log_dir, args.data_dir = k8s.LOG_DIR, k8s.DATA_DIR
         self._setup(args, parser, k8s.placement(args.k8s_name, devices), devices)
+        if getattr(args, "tensorboard", None):
+            args.tensorboard = str(self.mode_dir)     # on the volume, beside the logs
         self.config = self.config_with(
             k8s.SCHEDULER_PORT, k8s.STATE_PORT, python="python",
             main_py=f"{k8s.APP_DIR}/main.py",
@@ -229,6 +231,9 @@ class KubernetesJob(_RemoteMixin):
             token=self.token, threads=args.threads, volume_size=args.volume_size,
             storage_class=args.storage_class, namespace=args.namespace)
         self.emit_only = not args.apply
+
+    def plan(self):
+        return plan_roles(self.config, self.hosts)
 
     def emit(self) -> list[Path]:
         """Write the manifests; with --apply, then make sure a cluster answers."""
