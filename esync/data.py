@@ -118,7 +118,8 @@ def read_idx(path):
 def write_idx(path, array, *, compresslevel=6):
     """Write ``array`` as an IDX file, gzip-compressed when ``path`` ends in ``.gz``.
 
-    The write is atomic and durable (``esync.fsutil``), and the gzip header carries no name and no time stamp, so the same array always gives the same bytes.
+    The write is atomic and durable (``esync.fsutil``), and the gzip header carries no name and
+    no time stamp, so the same array always gives the same bytes.
     """
     path = Path(path)
     array = np.asarray(array)

@@ -31,18 +31,20 @@ def file_mode() -> int:
 
 
 @contextmanager
-def atomic_open(path, mode: str = "wb", *, durable: bool = False, encoding: str | None = None):
+def atomic_open(path, mode: str = "wb", *, durable: bool = False, encoding: str | None = None,
+                perms: int | None = None):
     """Open a temporary file for writing that replaces `path` when the block ends without error.
 
     For writers that stream (gzip, json.dump, csv); on an exception the target is untouched
-    and the temporary file is removed.
+    and the temporary file is removed. `perms` (e.g. 0o600 for a secret) replaces the
+    umask-derived permission bits; the file never exists with wider ones.
     """
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_open: mode must be 'w' or 'wb', got {mode!r}")
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        os.fchmod(fd, file_mode())
+        os.fchmod(fd, file_mode() if perms is None else perms)
         with os.fdopen(fd, mode, encoding=encoding if mode == "w" else None) as f:
             yield f
             f.flush()
@@ -59,16 +61,18 @@ def atomic_open(path, mode: str = "wb", *, durable: bool = False, encoding: str 
         _fsync_folder(path.parent)
 
 
-def atomic_write_bytes(path, data: bytes, *, durable: bool = False) -> Path:
+def atomic_write_bytes(path, data: bytes, *, durable: bool = False,
+                       perms: int | None = None) -> Path:
     """Replace `path` with `data` atomically; returns the path."""
-    with atomic_open(path, "wb", durable=durable) as f:
+    with atomic_open(path, "wb", durable=durable, perms=perms) as f:
         f.write(data)
     return Path(path)
 
 
-def atomic_write_text(path, text: str, *, durable: bool = False, encoding: str = "utf-8") -> Path:
+def atomic_write_text(path, text: str, *, durable: bool = False, encoding: str = "utf-8",
+                      perms: int | None = None) -> Path:
     """Replace `path` with `text` atomically; returns the path."""
-    return atomic_write_bytes(path, text.encode(encoding), durable=durable)
+    return atomic_write_bytes(path, text.encode(encoding), durable=durable, perms=perms)
 
 
 def _fsync_folder(folder: Path) -> None:

@@ -1,18 +1,20 @@
 """The ESync state server's decisions: how long each worker keeps computing locally in a round.
 
 Plain Python with an injected clock, so every branch is testable without HTTP; the Django views
-of ``state_server/`` only parse, validate, call this module and serialise (see ``ESYNC.md``).
+of ``state_server/`` only parse, validate, call this module and serialise (see
+``docs/ALGORITHM.md``).
 
 Two policies, chosen per job at ``init``:
 
 ``dynamic`` (the original ESync, one request before every local iteration)
-    ``JobState.apply(rank, k, c)`` follows ESYNC.md's pseudo-code: record ``k_i``, ``c_i`` and
+    ``JobState.apply(rank, k, c)`` follows the pseudo-code: record ``k_i``, ``c_i`` and
     ``seen_i`` (the *server's* receive time; worker timestamps are never used, so clocks need not
     agree), then answer "not ready" when ``k_i == 0`` or when the slowest worker ``s`` (largest
     ``c``) has not started the current round, and "ready" when ``i == s``, when ``s`` is already
     ready, or when ``c_i + slack_i > remaining`` with ``remaining = c_s - (now - seen_s)``.
     "Has not started" also covers a slowest worker that entered the round but has not reported in
-    it yet: its ``seen`` then dates from the previous round and ``remaining`` would be meaningless.
+    it yet: its ``seen`` then dates from the previous round and ``remaining`` would be meaningless
+    (unless it is already ready: after a restart it will not report again in this round).
 
 ``planned`` (new: one request per worker per round)
     ``JobState.plan(rank, c)`` is called once at the start of a round and returns
@@ -276,7 +278,7 @@ class Changes:
 
 @dataclass
 class _Worker:
-    # The decision state of ESYNC.md.
+    # The decision state of docs/ALGORITHM.md.
     k: int = 0
     c: float = 0.0
     seen: float | None = None
@@ -349,12 +351,15 @@ class JobState:
                 return False                              # everyone computes at least once
             s = self._slowest()
             slow = self._workers[s]
-            if slow.round != self.current_round or not slow.started:
+            if slow.round != self.current_round:
                 return False                              # the slowest has not started this round
+            if rank == s or slow.ready:
+                return self._become_ready(me)
+            if not slow.started:
+                return False                              # ... or not reported in it yet
             remaining = slow.c - (now - slow.seen)
-            if rank == s or slow.ready or c + self._slack(rank, s) > remaining:
-                me.ready = True
-                return True
+            if c + self._slack(rank, s) > remaining:
+                return self._become_ready(me)
             return False                                  # one more iteration fits
 
     def plan(self, rank: int, c: float, t: int | None = None) -> int:
@@ -602,6 +607,15 @@ class JobState:
         if record is not None:
             self._new_records.append(record)
         return record
+
+    def _become_ready(self, me: _Worker) -> bool:
+        """Tell ``me`` to aggregate. The first "ready" of a round must survive a restart (the
+        worker will not ask again: it is in the exchange, where the others need it), so it
+        asks the caller to persist before answering."""
+        if not me.ready:
+            me.ready = True
+            self._round_changed = True
+        return True
 
     def _record_report(self, me: _Worker, k: int, c: float, now: float) -> None:
         me.requests += 1

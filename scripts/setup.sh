@@ -21,6 +21,12 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
 echo "setup: creating .venv with $("$PY" --version) and the pinned dependencies (first run takes a few minutes)"
+# A set-up that was interrupted (Ctrl-C during pip) can leave a .venv without a working pip:
+# start that one afresh instead of failing on it forever.
+if [ -x .venv/bin/python ] && ! .venv/bin/python -m pip --version >/dev/null 2>&1; then
+  echo "setup: .venv is incomplete (an interrupted set-up?); creating it again"
+  rm -rf .venv
+fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 log=.venv/setup.log
 if ! { .venv/bin/python -m pip install --upgrade pip && .venv/bin/python -m pip install -e ".[test]"; } >"$log" 2>&1; then

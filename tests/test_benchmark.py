@@ -366,9 +366,9 @@ def test_physical_limit_is_the_devices_sum_when_cores_suffice(tmp_path):
 
 
 def test_matching_rate_for_lenet_at_20_ms():
-    # 8 x 1,724,320 B / (0.6 x 20 ms) = 1.15 Gbit/s
+    # 8 x 1,724,320 B / ((374 / 60) x 20 ms) = 111 Mbit/s
     bit_s = shaping.matching_rate_bit_s(1_724_320, 0.020)
-    assert (round(bit_s / 1e6), shaping.tc_rate(bit_s)) == (1150, "1150mbit")
+    assert (round(bit_s / 1e6), shaping.tc_rate(bit_s)) == (111, "111mbit")
 
 
 @pytest.mark.parametrize("text, bit_s", [("100mbit", 1e8), ("2gbit", 2e9), ("500kbit", 5e5),
@@ -443,9 +443,9 @@ def test_report_gives_the_grid_with_the_chosen_rate_in_bold(synthetic_report):
 
 
 def test_report_states_how_the_shaped_rate_was_derived(synthetic_report):
-    assert ("8 × 1.72 MB / (0.60 × 20.0 ms) = 1150 Mbit/s, used as `1150mbit`"
+    assert ("8 × 1.72 MB / (6.23 × 20.0 ms) = 111 Mbit/s, used as `111mbit`"
             in synthetic_report)
-    assert "ResNet-18 on GPUs over 10 GbE" in synthetic_report
+    assert "ResNet-18 on GPUs in a lab on 1 GbE" in synthetic_report
 
 
 def test_report_physical_limit_line(synthetic_report):

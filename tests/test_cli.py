@@ -96,7 +96,12 @@ def test_defaults_are_config_values(name, dest):
     expected = getattr(config, name)
     if name == "state_server_port":
         expected = int(expected)
-    assert getattr(cli.parse_args([]), dest) == expected
+    argv = ["-m", "local"] if name == "eval_duration" else []   # a cluster resolves 'auto' to 1
+    assert getattr(cli.parse_args(argv), dest) == expected
+
+
+def test_eval_auto_checkpoints_every_round_in_a_cluster():
+    assert cli.parse_args(["-m", "sync", "-e", "auto"]).eval_duration == 1
 
 
 @pytest.mark.parametrize("name,dest,value,parsed", CONFIG_DEFAULTS,

@@ -233,8 +233,13 @@ def test_job_still_finishes_normally(live):
 def test_tensorboard_events_hold_rank_zeros_scalars(live):
     from esync.tboard import read_scalars
     scalars = read_scalars(live["mode_dir"])
-    assert {"train/loss", "train/throughput", "train/computing_time_ratio",
-            "k/worker0"} <= set(scalars)
+    assert {"train/loss", "train/throughput", "train/computing_time_ratio"} <= set(scalars)
+
+
+def test_tensorboard_has_every_workers_k_from_the_exchange(live):
+    from esync.tboard import read_scalars
+    scalars = read_scalars(live["mode_dir"])
+    assert {f"k/worker{rank}" for rank in range(WORKERS)} <= set(scalars)
 
 
 def test_tensorboard_training_scalars_have_one_point_per_round(live):

@@ -2,13 +2,12 @@
 import json
 import threading
 import time
-from argparse import Namespace
 
 import mxnet as mx
 import pytest
 
 from support import write_fashion_dir
-from esync import evaluator, models
+from esync import cli, evaluator, models
 from esync.checkpoint import CheckpointStore
 
 ROUNDS = (10, 20, 30, 40, 50)
@@ -31,7 +30,8 @@ def scored_rounds(mode_dir):
 
 def test_checkpoints_left_behind_during_training_are_scored_after_it(tmp_path):
     data_dir = write_fashion_dir(tmp_path / "data", train_per_class=2, test_per_class=5)
-    args = Namespace(cpu=1, gpu=0, data_dir=str(data_dir), network="lenet", seed=0)
+    args = cli.build_parser().parse_args(["-c", "1", "-n", "lenet", "-dd", str(data_dir),
+                                          "--seed", "0"])
     mode_dir = tmp_path / "lenet" / "sync"
     store = CheckpointStore(mode_dir / "checkpoints")
     net = models.build("lenet", mx.cpu(), seed=0)
@@ -42,7 +42,8 @@ def test_checkpoints_left_behind_during_training_are_scored_after_it(tmp_path):
     thread = threading.Thread(target=lambda: codes.append(
         evaluator.run(args, mode_dir, poll_seconds=0.05, idle_timeout=120)), daemon=True)
     thread.start()
-    wait_for(lambda: scored_rounds(mode_dir))          # it scored something while "training"
+    # It scored something while "training" (or died: then the assertion below says so).
+    wait_for(lambda: scored_rounds(mode_dir) or not thread.is_alive())
     store.mark_done({"round": ROUNDS[-1], "total_time": 5.0})
     thread.join(timeout=180)
     assert codes == [0] and sorted(scored_rounds(mode_dir)) == list(ROUNDS)

@@ -53,3 +53,8 @@ def test_no_module_writes_with_its_own_os_replace():
                  and re.search(r"\bos\.(replace|rename)\(", p.read_text(encoding="utf-8"))
                  and str(p.relative_to(REPO)) not in allowed]
     assert offenders == []
+
+
+def test_perms_gives_a_secret_owner_only_bits_whatever_the_umask(tmp_path):
+    path = atomic_write_text(tmp_path / "secret.yaml", "token: x", perms=0o600)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600

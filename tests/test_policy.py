@@ -1,4 +1,4 @@
-"""esync.policy: ESYNC.md's decision table branch by branch, the planned policy, the slack, threads."""
+"""esync.policy: the decision table (docs/ALGORITHM.md), the planned policy, the slack, threads."""
 import heapq
 import math
 import sys
@@ -41,7 +41,7 @@ def start_round_two(job, clock, *, slow_c=1.0, fast_c=0.1):
     job.apply(0, 0, fast_c)
 
 
-# -- the decision table of ESYNC.md ------------------------------------------------------------
+# -- the decision table of docs/ALGORITHM.md -------------------------------------------------------
 
 def test_first_report_of_a_round_is_never_ready(clock):
     job = dynamic_job(clock)
@@ -600,3 +600,19 @@ def test_a_batch_of_round_reports_equals_the_reports_one_by_one(clock):
     batched = empty_planned_job(clock, num_workers=3)
     assert (batched.report_rounds(reports).plan, batched.history_records()) == (
         answers[-1], one_by_one.history_records())
+
+
+def test_a_slowest_already_ready_lets_the_others_go_after_a_restore(clock):
+    job = dynamic_job(clock)
+    job.apply(1, 1, 0.3)                                 # the slowest: ready, now aggregating
+    rebuilt = dynamic_job(clock)
+    rebuilt.restore(dict(enumerate(job.worker_states())))
+    assert rebuilt.apply(0, 1, 0.01) is True
+
+
+def test_the_first_ready_of_a_round_asks_to_be_persisted(clock):
+    job = dynamic_job(clock)
+    job.apply(0, 1, 0.01)
+    job.take_changes()
+    job.apply(1, 1, 0.3)
+    assert job.needs_persisting()

@@ -98,6 +98,7 @@ class ESync(Algorithm):
             control = self.exchange(pushed + self.aux, self.delta_sum + self.aux_sum,
                                     w.keys.trainable + w.keys.aux, want_stop,
                                     k=w.round_k, c=w.round_c, plan=plan)
+            self.worker_ks = control.k          # every worker's k_i, for rank 0's TensorBoard
             self._move_to_aggregate(aggregate.sum_weight(cfg.aggregation, control.k))
             for p, total in zip(w.aux, self.aux_sum):
                 p.set_data(total / w.num_workers)

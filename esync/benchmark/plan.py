@@ -178,11 +178,14 @@ def job_argv(args, row: Row, setting: Setting, lr: float, root: Path,
              budget: float) -> list[str]:
     mode = modes.get(row.mode)
     common = ["-n", args.network, "-b", str(args.batch_size), row.lr_flag, f"{lr!r}",
-              "--max-seconds", f"{budget!r}", "-ld", str(root), "--seed", str(args.seed),
-              "-dd", str(args.data_dir)]
+              "-ld", str(root), "--seed", str(args.seed), "-dd", str(args.data_dir)]
     if not mode.cluster:
+        # The same training time as the cluster runs; the inline scoring of the test set is
+        # not training time, so the budget is --max-train-seconds, not wall time.
         return [sys.executable, str(MAIN), "-m", mode.cli_mode, "-c", "1", *common,
+                "--max-train-seconds", f"{budget!r}", "--max-seconds", "0",
                 "-e", str(args.local_eval_every)]
+    common += ["--max-seconds", f"{budget!r}"]
     argv = [sys.executable, "-m", "esync.launch", "-m", mode.cli_mode]
     if mode.dcasgd:
         argv += ["-dcasgd", str(mode.dcasgd)]

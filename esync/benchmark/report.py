@@ -67,7 +67,9 @@ def network_section(args, settings: list[Setting], shaping: dict | None) -> list
           f"({ref['model_mb']:g} MB) once takes about {ref['transfer_ms']:g} ms, against about "
           f"{ref['compute_ms']:g} ms of compute per iteration, and every worker's pulls leave "
           "the parameter server through its one link. One transfer of the model thus costs "
-          f"{ratio:.2f} of an iteration's compute."]
+          f"{ratio:.2f} × one iteration's compute. (The same GPUs on 10 GbE would map to a rate "
+          "about ten times higher, which barely throttles a small network here: the loopback "
+          "setting stands for that kind of cluster.)"]
     if measured:
         m_mb, t_ms = measured["model_bytes"] / 1e6, measured["compute_s"] * 1e3
         bit_s = shaping["derived_bit_s"]
@@ -317,8 +319,9 @@ def render(args, *, jobs: list[Job], tune_jobs: list[Job], results: dict,
           f"state-server policy {args.policy}",
           "- standalone SGD (`local`): `main.py -m local` on one device at full speed "
           f"(slow-down 1, `OMP_NUM_THREADS=1`), evaluated every {args.local_eval_every} "
-          "iterations (evaluation time is not training time); it needs no network, so it runs "
-          "once and serves every network setting",
+          "iterations; its budget is training time (`--max-train-seconds`: the inline scoring "
+          "of the test set is left out, as the evaluator's work is in a cluster); it needs no "
+          "network, so it runs once and serves every network setting",
           f"- target test accuracy {args.target:.2f}; {args.repeats} repeat(s)"
           + ("" if args.repeats == 1 else " (cells: mean ± sample std over repeats)"),
           f"- started {started:%Y-%m-%d %H:%M:%S}, took {seconds / 60:.1f} min; "

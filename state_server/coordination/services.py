@@ -10,8 +10,8 @@ Persist before acknowledging: a call that changes a round (``reset``, ``rounds``
 ``plan`` that enters a newer round) answers only after the change is committed. Commits go
 through one writer thread that writes whatever is pending, from every job and request, in one
 transaction (group commit): 256 workers resetting at once cost a few transactions, not 256.
-``apply`` writes nothing (the hot path of the dynamic policy); what it changed is written with
-the next round change.
+``apply`` writes nothing for an iteration (the hot path of the dynamic policy); only a worker's
+first "ready" of a round is committed before its answer.
 
 The first call for a job that is in the database but not in memory (after a restart) rebuilds it
 from its rows: configuration, every worker's round and state, the last round report.
@@ -227,7 +227,12 @@ def job_live(*, name: str) -> JobState:
 # -- worker calls -------------------------------------------------------------------------------
 
 def worker_apply(*, job: str, rank: int, k: int, c: float, t: int | None = None) -> bool:
-    """Dynamic policy: is the worker ready to aggregate? (no database write unless ``t`` is new)"""
+    """Dynamic policy: is the worker ready to aggregate?
+
+    No database write for an iteration; only a worker's first "ready" of a round (or a newer
+    ``t``) is committed before the answer, since a restarted server must know who already
+    left the local phase: that worker will not ask again, and the others wait for it.
+    """
     live = job_live(name=job)
     ready = live.apply(rank, k, c, t)
     if live.needs_persisting():

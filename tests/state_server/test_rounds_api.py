@@ -130,3 +130,15 @@ def test_a_batch_with_one_bad_report_changes_nothing(client, planned):
     answer = post(client, "rounds", {"rounds": batch})
     assert (answer.status_code, answer.json()["field"], WorkerRound.objects.count()) == (
         400, "k", 0)
+
+
+def test_after_a_restart_a_worker_is_not_kept_waiting_for_a_slowest_already_ready(client):
+    post(client, "init", {"num_workers": 2}, job="d")
+    for rank, c in ((0, 0.01), (1, 0.3)):                # round 1, committed with the resets
+        post(client, "apply", {"r": rank, "k": 1, "c": c, "t": 1}, job="d")
+        post(client, "reset", {"r": rank, "t": 2}, job="d")
+    post(client, "apply", {"r": 0, "k": 0, "c": 0.01, "t": 2}, job="d")
+    post(client, "apply", {"r": 1, "k": 1, "c": 0.3, "t": 2}, job="d")   # ready: in the exchange
+    services.registry.clear()                           # the server restarts
+    answer = post(client, "apply", {"r": 0, "k": 1, "c": 0.01, "t": 2}, job="d")
+    assert answer.json() == {"ready": 1}

@@ -214,14 +214,8 @@ class Manifests:
             text = f"# esync job {self.name}: written by esync-cluster --backend kubernetes " \
                    f"for Kubernetes {KUBERNETES_VERSION}\n"
             text += "---\n".join(yaml.safe_dump(o, sort_keys=False) for o in objects)
-            if file_name == "secret.yaml":         # the token: readable by its owner only
-                fd = os.open(path.with_name(path.name + ".tmp"),
-                             os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-                with os.fdopen(fd, "w") as out:
-                    out.write(text)
-                os.replace(path.with_name(path.name + ".tmp"), path)
-            else:
-                atomic_write_text(path, text)
+            # the token in secret.yaml: readable by its owner only
+            atomic_write_text(path, text, perms=0o600 if file_name == "secret.yaml" else None)
             written.append(path)
         try:
             rel = os.path.relpath(folder.resolve(), Path(repo).resolve())
