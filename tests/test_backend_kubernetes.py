@@ -94,6 +94,13 @@ def test_each_gpu_pod_trains_on_the_one_gpu_it_is_given(emitted):
     assert gpus == ["0", "0"]
 
 
+def test_the_pods_get_no_path_of_this_machine(emitted):
+    configmap, = objects(emitted, "ConfigMap")
+    plan = json.loads(configmap["data"]["plan.json"])
+    paths = {a for s in plan for a in s["argv"] + list(s["env"].values()) if a.startswith("/")}
+    assert sorted(p for p in paths if not p.startswith(("/app/", "/logs", "/data"))) == []
+
+
 def test_the_state_token_is_in_the_secret_only(emitted):
     secret, = objects(emitted, "Secret")
     token = secret["stringData"]["token"]

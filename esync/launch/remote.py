@@ -202,6 +202,10 @@ class SlurmJob(_RemoteMixin):
         from esync.launch.backends import slurm
         return slurm.SlurmBackend(lambda: self.config, self.args.nodes, **self.options)
 
+    def plan(self):
+        # The state server's address and port exist only once the job runs (node 0, job id).
+        return plan_roles(self.config, self.hosts)
+
     def state_view(self) -> str:
         return "  (the state server runs inside the Slurm job; see processes/state-server.log)"
 
@@ -216,6 +220,8 @@ class KubernetesJob(_RemoteMixin):
         # What the pods see: the image's paths and the volume, not this machine's.
         args.log_dir, args.data_dir = k8s.LOG_DIR, k8s.DATA_DIR
         self._setup(args, parser, k8s.placement(args.k8s_name, devices), devices)
+        if getattr(args, "tensorboard", None):
+            args.tensorboard = str(self.mode_dir)     # on the volume, beside the logs
         self.config = self.config_with(
             k8s.SCHEDULER_PORT, k8s.STATE_PORT, python="python",
             main_py=f"{k8s.APP_DIR}/main.py",
@@ -225,6 +231,9 @@ class KubernetesJob(_RemoteMixin):
             token=self.token, threads=args.threads, volume_size=args.volume_size,
             storage_class=args.storage_class, namespace=args.namespace)
         self.emit_only = not args.apply
+
+    def plan(self):
+        return plan_roles(self.config, self.hosts)
 
     def emit(self) -> list[Path]:
         """Write the manifests; with --apply, then make sure a cluster answers."""

@@ -108,7 +108,7 @@ class SlurmJob:
     def state(self, fresh: bool = False) -> str:
         if self._state in ACTIVE and (fresh or time.monotonic() - self._at > STATE_POLL):
             self._at = time.monotonic()
-            done = subprocess.run(["squeue", "-h", "-j", self.id, "-o", "%T|%r"],
+            done = subprocess.run(["squeue", "-h", "-t", "all", "-j", self.id, "-o", "%T|%r"],
                                   capture_output=True, text=True)
             line = done.stdout.strip()
             if done.returncode == 0 and line:
@@ -116,7 +116,7 @@ class SlurmJob:
             elif done.returncode != 0 and "Invalid job id" not in done.stderr:
                 return self._state                    # slurmctld busy: ask again later
             else:
-                self._state = "ENDED"                 # no longer known: finished a while ago
+                self._state = "ENDED"                 # gone from the queue: ended a while ago
         return self._state
 
     @property
@@ -186,7 +186,7 @@ class SlurmBackend(Backend):
 
     def __init__(self, config_of: Callable[[], ClusterConfig], nodes: int, *,
                  partition: str | None = None, gpus_per_node: int = 0, minutes: int = 60,
-                 job_name: str = "esync", extra: dict | None = None, announce=print):
+                 job_name: str = "esync", extra: dict | None = None, announce=None):
         # The job's current config (a restart resumes from a checkpoint: other flags).
         self.config_of, self.nodes = config_of, nodes
         self.params = dict(slurm_partition=partition, slurm_time=minutes, nodes=nodes,
@@ -195,7 +195,7 @@ class SlurmBackend(Backend):
                            slurm_additional_parameters={"chdir": str(REPO), **(extra or {})})
         if gpus_per_node:
             self.params["slurm_gpus_per_node"] = gpus_per_node
-        self.announce = announce
+        self.announce = announce or (lambda text: print(text, file=sys.stderr, flush=True))
         self.job: SlurmJob | None = None
 
     def start(self, specs: list[RoleSpec], proc_dir: Path) -> list[Handle]:
