@@ -163,6 +163,10 @@ def remove_stale() -> list[str]:
             removed.append(name)
     for tag in stale_tags:
         (OWNERS_DIR / f"{tag}.json").unlink(missing_ok=True)
+    for record in OWNERS_DIR.glob(f"{PREFIX}*.json"):     # owners killed before any namespace
+        match = NAME_RE.match(f"{record.stem}-x")
+        if match and not _owner_alive(record.stem, int(match.group(1))):
+            record.unlink(missing_ok=True)
     return removed
 
 
