@@ -18,10 +18,12 @@ gpu = 0                   # -g: GPU id used when cpu == 0
 cpu = 0                   # -c: 1 trains on the CPU instead of GPU `gpu`
 network = "resnet18-v1"   # -n: model name, see esync.models.NETWORKS
 log_dir = os.path.join(_ROOT, "logs")    # -ld: logs go to <log_dir>/<network>/<mode>/<host>/<device>/
-eval_duration = 1         # -e: evaluate every this many rounds (iterations in sync/async/local)
+eval_duration = "auto"    # -e: evaluate every this many rounds (iterations in sync/async/local);
+                          # auto: every round in a cluster, ~10% of the wall time in local mode
 mode = "esync"            # -m: esync, sync, async or local
 use_dcasgd = 0            # -dcasgd: 1 puts MXNet's DC-ASGD optimizer on the server in async mode
-split_by_class = 0        # -s: 0 i.i.d. shards, 1 contiguous class-sorted shards (non-i.i.d.)
+split_by_class = 0        # -s: 0 i.i.d.; 1 class-sorted shards fed in class order (the original's
+                          # non-i.i.d.); 2 the same shards reshuffled every epoch (milder)
 state_server_ip = "127.0.0.1"   # -ip: ESync state server host
 state_server_port = "10010"     # -port: ESync state server port
 
@@ -32,4 +34,7 @@ max_rounds = 0            # --max-rounds: stop after this many rounds (0: no lim
 max_seconds = 0.0         # --max-seconds: stop after this much training time (0: no limit)
 target_accuracy = 0.0     # --target-accuracy: stop once test accuracy reaches it (0: never)
 policy = "dynamic"        # --policy: ESync state-server policy, dynamic (original) or planned
+aggregation = "mean"      # --aggregation: ESync's rule for the deltas: mean (original), weighted, fednova
+outer_momentum = 0.0      # --outer-momentum: momentum on ESync's aggregated delta (0: none)
+nesterov = False          # --nesterov: Nesterov form of the outer momentum
 epsilon = "auto"        # --epsilon: ESync slack: "auto" (scales with iteration time) or absolute seconds (the original: 0.5)

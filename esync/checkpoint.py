@@ -30,12 +30,15 @@ class CheckpointStore:
     def path_for(self, round_no: int) -> Path:
         return self.folder / f"round-{round_no:08d}.npz"
 
-    def save(self, round_no: int, arrays: dict, meta: dict) -> Path:
+    def save(self, round_no: int, arrays: dict, meta: dict, state: dict | None = None) -> Path:
+        """`arrays`: the model's parameters; `state`: the algorithm's (e.g. outer momentum)."""
         self.folder.mkdir(parents=True, exist_ok=True)
+        state = state or {}
         meta = dict(meta, format=FORMAT, round=round_no, names=list(arrays))
         buf = io.BytesIO()
         np.savez(buf, __meta__=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
-                 **{f"p:{name}": value for name, value in arrays.items()})
+                 **{f"p:{name}": value for name, value in arrays.items()},
+                 **{f"s:{name}": value for name, value in state.items()})
         return atomic_write_bytes(self.path_for(round_no), buf.getvalue(), durable=True)
 
     def list(self) -> list[Path]:
@@ -67,6 +70,15 @@ class CheckpointStore:
                 raise CheckpointError(f"checkpoint {path} does not match the network "
                                       f"{network!r} (first mismatch: {missing[:3]})")
         return meta, arrays
+
+    def read_state(self, path: Path) -> dict:
+        """The algorithm state saved beside the model (empty for a run without any)."""
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                return {name[2:]: z[name] for name in z.files if name.startswith("s:")}
+        except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+            raise CheckpointError(f"checkpoint {path} is corrupt or not a checkpoint "
+                                  f"({exc.__class__.__name__}: {exc}); delete it to go on") from None
 
     def latest(self, **expect) -> tuple[Path, dict, dict] | None:
         """The newest loadable checkpoint; a corrupt newest one is an error, not skipped."""

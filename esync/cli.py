@@ -50,12 +50,26 @@ _non_negative_float = bounded_number(float, low=0, must=">= 0")
 _slowdown = bounded_number(float, low=1, must=">= 1 (a device F times slower)")
 _accuracy = bounded_number(float, low=0, high=1, must="between 0 and 1")
 _port = bounded_number(int, low=1, high=65535, must="a port number 1-65535")
+_momentum = bounded_number(float, low=0, high=0.999, must="a momentum in [0, 0.999]")
 
 
 def _flag01(text):
     if text not in ("0", "1"):
         raise argparse.ArgumentTypeError(f"must be 0 or 1, got {text}")
     return int(text)
+
+
+def _split(text):
+    from esync.data import SPLITS
+    if text not in {str(k) for k in SPLITS}:
+        raise argparse.ArgumentTypeError(f"must be {', '.join(map(str, SPLITS))}, got {text}")
+    return int(text)
+
+
+def _eval_every(text):
+    if text == "auto":
+        return text
+    return _positive_int(text)
 
 
 def _epsilon(text):
@@ -76,6 +90,7 @@ def _typed(kind, text, what):
 
 def add_training_args(parser: argparse.ArgumentParser) -> None:
     """The original ESync's flags, same short and long names, defaults from config.py."""
+    from esync.data import SPLITS
     from esync.models import NETWORKS
     g = parser.add_argument_group("training (the original ESync's flags)")
     g.add_argument("-l", "--learning-rate", type=_positive_float, default=config.learning_rate,
@@ -86,7 +101,8 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
                    help="learning rate of ESync's local iterations, times the gradient summed "
                         "over the batch (as -l)")
     g.add_argument("-gl", "--global-lr", type=_positive_float, default=config.global_lr,
-                   help="ESync's global step: params = start + gl * mean(delta)")
+                   help="ESync's global (outer) learning rate: params = start + gl * "
+                        "aggregated delta (see --aggregation, --outer-momentum)")
     g.add_argument("-b", "--batch-size", type=_positive_int, default=config.batch_size,
                    help="samples per iteration on each device")
     g.add_argument("-dd", "--data-dir", default=config.data_dir,
@@ -97,14 +113,16 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
                    metavar="NETWORK", help=f"one of {', '.join(NETWORKS)}")
     g.add_argument("-ld", "--log-dir", default=config.log_dir,
                    help="logs go to LOG_DIR/NETWORK/MODE/HOST/DEVICE/iter-N.txt")
-    g.add_argument("-e", "--eval-duration", type=_positive_int, default=config.eval_duration,
-                   help="evaluate (checkpoint) every this many rounds")
+    g.add_argument("-e", "--eval-duration", type=_eval_every, default=config.eval_duration,
+                   help="evaluate (checkpoint) every this many rounds; 'auto': every round in a "
+                        "cluster, and in -m local as often as keeps scoring the test set to about "
+                        "10%% of the wall time")
     g.add_argument("-m", "--mode", default=config.mode, choices=["esync", "sync", "async", "local"],
                    help="synchronization algorithm")
     g.add_argument("-dcasgd", "--use-dcasgd", type=_flag01, default=config.use_dcasgd,
                    help="1: DC-ASGD optimizer on the server (with -m async)")
-    g.add_argument("-s", "--split-by-class", type=_flag01, default=config.split_by_class,
-                   help="1: each worker gets a contiguous block of class-sorted data (non-i.i.d.)")
+    g.add_argument("-s", "--split-by-class", type=_split, default=config.split_by_class,
+                   help="; ".join(f"{k}: {v}" for k, v in SPLITS.items()))
     g.add_argument("-ip", "--state-server-ip", default=config.state_server_ip,
                    help="ESync state server host")
     g.add_argument("-port", "--state-server-port", type=_port,
@@ -117,7 +135,10 @@ def add_run_args(parser: argparse.ArgumentParser, *, one_worker: bool = True) ->
     g.add_argument("--max-rounds", type=_non_negative_int, default=config.max_rounds,
                    help="stop after this many rounds (0: no limit)")
     g.add_argument("--max-seconds", type=_non_negative_float, default=config.max_seconds,
-                   help="stop after this much training time (0: no limit)")
+                   help="stop after this much wall time, then evaluate once more (0: no limit)")
+    g.add_argument("--max-train-seconds", type=_non_negative_float, default=0.0,
+                   help="stop after this much training time: the logs' total_time, which in "
+                        "-m local leaves out the inline scoring of the test set (0: no limit)")
     g.add_argument("--target-accuracy", type=_accuracy, default=config.target_accuracy,
                    help="stop once the test accuracy reaches this (0: never)")
     g.add_argument("--seed", type=_non_negative_int, default=config.seed,
@@ -134,6 +155,10 @@ def add_run_args(parser: argparse.ArgumentParser, *, one_worker: bool = True) ->
                        help="log folder name of this device (default gpuN, or cpuRANK)")
     g.add_argument("--host-name", default=socket.gethostname(),
                    help="log folder name of this host")
+    g.add_argument("--tensorboard", metavar="DIR", default=None,
+                   help="write TensorBoard scalars into DIR: rank 0's loss, throughput, k_i and "
+                        "computing-time ratio, the evaluator's test accuracy (esync-cluster: "
+                        "the job's log folder)")
     e = parser.add_argument_group("ESync")
     e.add_argument("--policy", choices=["dynamic", "planned"], default=config.policy,
                    help="state-server policy: one request per local iteration (dynamic) or "
@@ -143,6 +168,16 @@ def add_run_args(parser: argparse.ArgumentParser, *, one_worker: bool = True) ->
                         "absolute seconds as in the original")
     e.add_argument("--local-iters", type=_non_negative_int, default=0,
                    help="fixed local iterations per round, bypassing the state server (0: ask it)")
+    e.add_argument("--aggregation", choices=["mean", "weighted", "fednova"],
+                   default=config.aggregation,
+                   help="how the workers' deltas are combined: mean (the original), weighted "
+                        "by each worker's local iterations k_i, or fednova (each delta / k_i, "
+                        "rescaled by the mean k)")
+    e.add_argument("--outer-momentum", type=_momentum, default=config.outer_momentum,
+                   help="momentum on the aggregated delta, with -gl as the outer learning rate "
+                        "(DiLoCo: 0.9 with --nesterov and -gl 0.7; 0: none)")
+    e.add_argument("--nesterov", action="store_true", default=config.nesterov,
+                   help="Nesterov form of --outer-momentum")
     e.add_argument("--job", default=os.environ.get("ESYNC_JOB", "default"),
                    help="job id on the state server")
     e.add_argument("--state-token", default=os.environ.get("ESYNC_STATE_TOKEN"),
@@ -163,7 +198,16 @@ def parse_args(argv=None) -> argparse.Namespace:
         raise UsageError("argument -dcasgd/--use-dcasgd: needs -m async")
     if args.resume and args.overwrite:
         raise UsageError("--resume and --overwrite exclude each other")
+    if args.eval_duration == "auto" and args.mode != "local":
+        args.eval_duration = 1    # a cluster checkpoints every round; its evaluator scores them
+    check_esync_options(args)
     return args
+
+
+def check_esync_options(args) -> None:
+    """Combinations of ESync flags that cannot work (shared by main.py and esync-cluster)."""
+    if args.nesterov and not args.outer_momentum:
+        raise UsageError("--nesterov needs an --outer-momentum above 0 (DiLoCo uses 0.9)")
 
 
 def dmlc_environment(role: str, env=os.environ) -> dict:

@@ -230,6 +230,32 @@ def partition(labels, num_parts, part, by_class=False, seed=1):
     return np.sort(order[part * size:(part + 1) * size]).astype(np.int64)
 
 
+# The -s values: how the training set is split over the workers and fed to each of them.
+IID, CLASS_SORTED, CLASS_SORTED_SHUFFLED = 0, 1, 2
+SPLITS = {
+    IID: "i.i.d. (a random equal shard per worker, reshuffled every epoch)",
+    CLASS_SORTED: "non-i.i.d. as in the original (a contiguous block of class-sorted data per "
+                  "worker, fed in class order without shuffling: nearly single-class batches)",
+    CLASS_SORTED_SHUFFLED: "milder non-i.i.d. (the same class blocks, reshuffled inside the "
+                           "shard every epoch: batches mix the worker's classes)",
+}
+
+
+def training_shard(labels, num_parts, part, split=IID, seed=1):
+    """``(indices in feed order, reshuffle every epoch?)`` of worker ``part``'s training shard.
+
+    ``split`` is a -s value (``SPLITS``). ``CLASS_SORTED`` is the original's ClassSplitSampler:
+    the shard's samples sorted by class (stable, so by index within a class) and walked in that
+    order every epoch, so a batch holds one class, or two where classes meet.
+    """
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {sorted(SPLITS)}, got {split!r}")
+    index = partition(labels, num_parts, part, by_class=split != IID, seed=seed)
+    if split == CLASS_SORTED:
+        index = index[np.argsort(np.asarray(labels)[index], kind="stable")]
+    return index, split != CLASS_SORTED
+
+
 # ---------------------------------------------------------------------------------------------
 # Batches
 

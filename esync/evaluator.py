@@ -11,7 +11,8 @@ lines, so none may be skipped. While training runs and the evaluator keeps up, i
 round order; when it falls behind, it scores the newest checkpoint first (rank 0's stop vote on
 ``--target-accuracy`` needs a current accuracy) and the ones it passed over later, after training
 has ended if need be. It stops when the job's rank 0 has marked the folder done and every
-checkpoint is scored. Lines may therefore be out of round order; readers sort them.
+checkpoint is scored. Lines may therefore be out of round order; readers sort them. Each score
+also goes to TensorBoard and the state server's dashboard (``esync.score_report``).
 """
 import json
 import os
@@ -23,6 +24,7 @@ import numpy as np
 
 from esync import data, models
 from esync.checkpoint import CheckpointError, CheckpointStore
+from esync.score_report import ScoreReport
 
 
 def accuracy(net, images: np.ndarray, labels: np.ndarray, ctx: mx.Context, input_size: int,
@@ -80,6 +82,15 @@ class EvaluationLog:
 
 
 def run(args, mode_dir: Path, *, poll_seconds: float = 0.2, idle_timeout: float = 0.0) -> int:
+    report = ScoreReport(args)
+    try:
+        return _score_checkpoints(args, mode_dir, report, poll_seconds, idle_timeout)
+    finally:
+        report.close()
+
+
+def _score_checkpoints(args, mode_dir: Path, report: ScoreReport, poll_seconds: float,
+                       idle_timeout: float) -> int:
     ctx = mx.cpu() if args.cpu else mx.gpu(args.gpu)
     images, labels = data.load_fashion_mnist(args.data_dir, "test")
     net = models.build(args.network, ctx, seed=args.seed)
@@ -113,6 +124,7 @@ def run(args, mode_dir: Path, *, poll_seconds: float = 0.2, idle_timeout: float 
         acc = accuracy(net, images, labels, ctx, size)
         log.append({"round": meta["round"], "total_time": meta["total_time"],
                     "accuracy": round(acc, 5), "samples": meta.get("samples")})
+        report.add(meta["round"], training_seconds=meta["total_time"], accuracy=acc)
         scored.add(meta["round"])
         print(f"[evaluator] round {meta['round']} t={meta['total_time']:.1f}s "
               f"accuracy {acc:.4f}", flush=True)

@@ -7,6 +7,7 @@ so MXNet's engine pipelines them instead of paying one round trip per parameter.
 import ctypes
 import os
 import sys
+from dataclasses import dataclass
 from typing import Sequence
 
 import mxnet as mx
@@ -76,13 +77,61 @@ class KVChannel:
 
 
 class KeyMap:
-    """Stable integer keys: trainable parameters first, then auxiliary states, then control keys."""
+    """Stable integer keys: trainable parameters first, then auxiliary states, then control keys,
+    then the algorithm's own state (e.g. ESync's outer momentum)."""
 
-    def __init__(self, num_trainable: int, num_aux: int):
+    def __init__(self, num_trainable: int, num_aux: int, num_state: int = 0):
         self.trainable = list(range(num_trainable))
         self.aux = list(range(num_trainable, num_trainable + num_aux))
-        self.control = num_trainable + num_aux        # [stop votes, samples] summed each round
-        self.meta = num_trainable + num_aux + 1       # [start round, start time] set by rank 0
+        self.control = num_trainable + num_aux        # the control vector, summed each round
+        self.meta = num_trainable + num_aux + 1       # [start round, start time, samples] of rank 0
+        self.state = list(range(self.meta + 1, self.meta + 1 + num_state))
+
+
+# -- the control vector ----------------------------------------------------------------------------
+# Every aggregation also pushes one small vector; the server sums it over the workers:
+#     [stop_vote, samples, k_0..k_{N-1}, c_0..c_{N-1}, plan_0..plan_{N-1}]
+# Worker i writes its own k_i (local iterations this round) and c_i (its last local iteration's
+# duration) into slot i and zeros elsewhere, so the sum carries every worker's values; only rank 0
+# writes the plan slots (ESync's planned policy: every worker's k for a coming round).
+
+
+def control_length(num_workers: int) -> int:
+    return 2 + 3 * num_workers
+
+
+@dataclass(frozen=True)
+class ControlSum:
+    """The control vector summed over the workers, decoded."""
+
+    stop: bool               # some worker voted to stop
+    samples: int             # samples of the round over all workers
+    k: list                  # every worker's k_i
+    c: list                  # every worker's c_i (seconds)
+    plan: list               # the plan rank 0 sent (all zeros: none)
+
+
+def control_vector(num_workers: int, rank: int, *, stop: bool, samples: int, k: int = 0,
+                   c: float = 0.0, plan=None) -> np.ndarray:
+    """This worker's contribution to the summed control vector (float32, as the parameters)."""
+    n = num_workers
+    vector = np.zeros(control_length(n), dtype=np.float32)
+    vector[0], vector[1] = (1.0 if stop else 0.0), samples
+    vector[2 + rank], vector[2 + n + rank] = k, c
+    if plan is not None:
+        if len(plan) != n:
+            raise ValueError(f"a plan has one k per worker: {len(plan)} values for {n} workers")
+        vector[2 + 2 * n:] = plan
+    return vector
+
+
+def read_control(summed: np.ndarray, num_workers: int) -> ControlSum:
+    n = num_workers
+    values = np.asarray(summed, dtype=np.float64)
+    return ControlSum(stop=bool(values[0] > 0), samples=int(round(values[1])),
+                      k=[int(round(v)) for v in values[2:2 + n]],
+                      c=[float(v) for v in values[2 + n:2 + 2 * n]],
+                      plan=[int(round(v)) for v in values[2 + 2 * n:2 + 3 * n]])
 
 
 def _set_barrier_before_exit(kvstore: mx.kv.KVStore, on: bool) -> None:

@@ -119,6 +119,8 @@ ERR_ROUND_K = ("k must be a list of num_workers ({num_workers}) integers in [0, 
                f"{MAX_K}]: the local iterations of every worker in round t")
 ERR_ROUND_C = ("c must be a list of num_workers ({num_workers}) numbers of seconds in [0, "
                f"{MAX_C:g}]: every worker's last local-iteration duration in round t")
+MAX_BATCH = 64              # round reports in one call (a reporter catching up)
+ERR_BATCH = f"rounds must be a list of 1 to {MAX_BATCH} objects {{t, k, c}}"
 PLANS_KEPT = 64             # answered plans remembered per job, to answer a repeated report
 
 PERSISTED_FIELDS = ("round", "k", "c", "ready", "planned_k", "overhead", "round_k",
@@ -408,11 +410,30 @@ class JobState:
         round t for each, and plans with ``plan_round``. A repeated report of a round already
         reported changes nothing and answers the plan given then (or the newest one).
         """
+        return self.report_rounds([(t, ks, cs)])
+
+    def report_rounds(self, reports) -> RoundReport:
+        """Several ``(t, ks, cs)`` reports in order (a reporter catching up); the last answer.
+
+        Every report is checked before any is applied, so a bad one changes nothing.
+        """
+        if not isinstance(reports, (list, tuple)) or not 1 <= len(reports) <= MAX_BATCH:
+            raise PolicyError(ERR_BATCH, "rounds")
+        checked = [self._check_round_report(*report) for report in reports]
+        if self.policy != "planned":
+            raise PolicyMismatch(ERR_WRONG_POLICY_ROUNDS, "policy")
+        answer = None
+        for t, ks, cs in checked:
+            answer = self._report_round(t, ks, cs)
+        return answer
+
+    def _check_round_report(self, t, ks, cs) -> tuple[int, list, list]:
         t = check_int(t, low=1, high=MAX_ROUND - 1, message=ERR_ROUND, field="t")
         ks = self._check_vector(ks, ERR_ROUND_K, "k", integer=True)
         cs = self._check_vector(cs, ERR_ROUND_C, "c", integer=False)
-        if self.policy != "planned":
-            raise PolicyMismatch(ERR_WRONG_POLICY_ROUNDS, "policy")
+        return t, ks, cs
+
+    def _report_round(self, t: int, ks: list, cs: list) -> RoundReport:
         with self._lock:
             if t <= self.last_report_t:
                 kept = t if t in self._plans else self.last_report_t

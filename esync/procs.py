@@ -33,8 +33,10 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
-    """True if nothing listens on ``host:port`` (a port we could bind now)."""
+    """True if a server could listen on ``host:port`` now. Like gunicorn and ZeroMQ, the probe
+    uses SO_REUSEADDR: connections of a stopped server in TIME_WAIT do not make a port busy."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
             return True

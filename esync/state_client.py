@@ -102,21 +102,38 @@ class StateClient:
         The plan holds every worker's local iterations for the next round the server can still
         influence; a repeated report of round ``t`` returns the same plan.
         """
-        answer = self._post("rounds", {"t": t, "k": [int(v) for v in k],
-                                       "c": [float(v) for v in c]})
-        return [int(v) for v in answer["plan"]]
+        return self.report_rounds([(t, k, c)])[1]
+
+    def report_rounds(self, reports) -> tuple[int, list[int]]:
+        """Several ``(t, k, c)`` round reports in order, in one call (a reporter that fell
+        behind catches up; at most 64, and at most 2 MiB of JSON); returns the last ``(t, plan)``.
+        """
+        answer = self._post("rounds", {"rounds": [
+            {"t": t, "k": [int(v) for v in k], "c": [float(v) for v in c]}
+            for t, k, c in reports]})
+        return int(answer["t"]), [int(v) for v in answer["plan"]]
 
     def reset(self, rank: int, round: int) -> dict:
         """Tell the server that worker ``rank`` now enters ``round``."""
         return self._post("reset", {"r": rank, "t": round})
 
+    def hello(self, rank: int, *, host: str, device: str) -> dict:
+        """Tell the dashboard where worker ``rank`` runs (once, at start)."""
+        return self._post("hello", {"r": rank, "host": host, "device": device})
+
+    def score(self, round: int, *, time: float, accuracy: float) -> dict:
+        """Evaluator: the test accuracy of the checkpoint of ``round``, for the dashboard."""
+        return self._post("scores", {"round": round, "time": time, "accuracy": accuracy})
+
     def state(self) -> dict:
         """The live state of the job (every worker's k, c, ready, round)."""
         return self._request("GET", self._path(""))
 
-    def history(self, *, run: int | None = None) -> dict:
-        """Closed rounds of the job as persisted by the server."""
-        params = {} if run is None else {"run": run}
+    def history(self, *, run: int | None = None, since: int | None = None,
+                limit: int | None = None) -> dict:
+        """Closed rounds of the job as persisted by the server (``since``: first round)."""
+        params = {name: value for name, value in (("run", run), ("since", since),
+                                                  ("limit", limit)) if value is not None}
         return self._request("GET", self._path("history"), params=params)
 
     def close(self) -> None:

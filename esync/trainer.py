@@ -13,14 +13,16 @@ import mxnet as mx
 from mxnet import autograd, gluon
 
 from esync import data, models
-from esync.algorithms import Worker, algorithm_class
+from esync.algorithms import AlgorithmConfig, Worker, algorithm_class
 from esync.checkpoint import CheckpointError, CheckpointStore
 from esync.errors import UsageError, guarded
 from esync.evaluator import EvaluationLog, accuracy
-from esync.kvstore import KeyMap, KVChannel, leave_job_at_once
+from esync.kvstore import KeyMap, KVChannel, control_length, leave_job_at_once
 from esync.fsutil import atomic_write_text
 from esync.measure import RoundLogWriter, RoundRecord
 from esync.modes import mode_dir
+from esync.score_report import ScoreReport
+from esync.tboard import TrainingScalars, forget_earlier_events
 
 COMPUTE_PHASES = ("get_batch", "forward and backward", "local update", "emulated slowdown")
 
@@ -53,15 +55,28 @@ def resolve_context(args) -> mx.Context:
 
 
 class StopCriteria:
+    """--max-seconds bounds the wall time; --max-train-seconds the training time.
+
+    The two differ only in standalone mode, where the test set is scored inside the loop
+    (in a cluster the evaluator scores checkpoints in its own process).
+    """
+
     def __init__(self, args):
         self.max_rounds, self.max_seconds = args.max_rounds, args.max_seconds
+        self.max_train_seconds = getattr(args, "max_train_seconds", 0.0)
         self.target = args.target_accuracy
 
-    def reached(self, round_no: int, elapsed: float, latest_accuracy) -> bool:
+    def reached(self, round_no: int, training: float, wall: float, latest_accuracy) -> bool:
         return bool((self.max_rounds and round_no >= self.max_rounds)
-                    or (self.max_seconds and elapsed >= self.max_seconds)
+                    or (self.max_seconds and wall >= self.max_seconds)
+                    or (self.max_train_seconds and training >= self.max_train_seconds)
                     or (self.target and latest_accuracy is not None
                         and latest_accuracy >= self.target))
+
+
+# Standalone -e auto: score the test set again once the training since the last score is
+# this many times the last score's duration, so scoring takes about 1/(1+N) of the wall time.
+AUTO_EVAL_TRAIN_PER_EVAL = 9
 
 
 def _connect(algo_cls, args):
@@ -73,11 +88,11 @@ def _connect(algo_cls, args):
 
 def _shard(args, rank: int, num_workers: int) -> data.BatchStream:
     images, labels = data.load_fashion_mnist(args.data_dir, "train")
-    index = data.partition(labels, num_workers, rank, by_class=bool(args.split_by_class),
-                           seed=args.seed)
+    index, shuffle = data.training_shard(labels, num_workers, rank, args.split_by_class,
+                                         seed=args.seed)
     return data.BatchStream(images[index], labels[index], args.batch_size,
                             models.input_size(args.network), resolve_context(args),
-                            seed=args.seed * 1000 + rank)
+                            seed=args.seed * 1000 + rank, shuffle=shuffle)
 
 
 def _device_name(args, rank: int) -> str:
@@ -86,14 +101,15 @@ def _device_name(args, rank: int) -> str:
     return f"cpu{rank}" if args.cpu else f"gpu{args.gpu}"
 
 
-def _start_global_model(worker: Worker, store: CheckpointStore | None, resume: bool):
-    """Rank 0's model (fresh or from the last checkpoint) becomes everyone's starting point.
+def _start_global_model(worker: Worker, algo, store: CheckpointStore | None, args):
+    """Rank 0's model and algorithm state (fresh or from the last checkpoint) become everyone's
+    starting point.
 
     Returns (first round number - 1, training seconds already spent, samples already seen).
     """
-    args, net = worker.args, worker.net
+    net, state = worker.net, algo.state_arrays()
     start = (0, 0.0, 0)
-    if resume and store is not None and worker.rank == 0:
+    if args.resume and store is not None and worker.rank == 0:
         found = store.latest(network=args.network,
                              shapes={k: p.shape for k, p in models.named_parameters(net).items()})
         if found is None:
@@ -101,6 +117,7 @@ def _start_global_model(worker: Worker, store: CheckpointStore | None, resume: b
         path, meta, arrays = found
         from esync.evaluator import load_into
         load_into(net, arrays)
+        _restore_state(state, store.read_state(path), path)
         store.clear_done()
         start = (int(meta["round"]), float(meta["total_time"]), int(meta.get("samples") or 0))
         print(f"[rank 0] resuming from {path.name} (round {start[0]})", flush=True)
@@ -108,13 +125,26 @@ def _start_global_model(worker: Worker, store: CheckpointStore | None, resume: b
         return start
     keys = worker.keys
     values = ([p.data() for p in worker.trainable] + [p.data() for p in worker.aux]
-              + [mx.nd.zeros(2), mx.nd.array(start)])
-    all_keys = keys.trainable + keys.aux + [keys.control, keys.meta]
+              + list(state.values()) + [mx.nd.zeros(control_length(worker.num_workers)),
+                                        mx.nd.array(start)])
+    all_keys = keys.trainable + keys.aux + keys.state + [keys.control, keys.meta]
     worker.channel.init(all_keys, values)
     worker.channel.pull(all_keys[:-2] + [keys.meta], values[:-2] + [values[-1]])
     worker.channel.bytes_pulled = 0
     first, seconds, samples = values[-1].asnumpy().tolist()
     return int(first), float(seconds), int(samples)
+
+
+def _restore_state(state: dict, saved: dict, path) -> None:
+    """Put the algorithm state of a checkpoint back (e.g. ESync's outer momentum)."""
+    for name, array in state.items():
+        if name not in saved:
+            print(f"[rank 0] {path.name} holds no {name}: it starts from zero", flush=True)
+            continue
+        if tuple(saved[name].shape) != tuple(array.shape):
+            raise CheckpointError(f"checkpoint {path}: {name} has shape {saved[name].shape}, "
+                                  f"this run needs {array.shape}")
+        array[:] = saved[name]
 
 
 def train(args) -> int:
@@ -127,8 +157,9 @@ def train(args) -> int:
     stream = _shard(args, rank, num_workers)          # bad data fails before any folder is made
     net = models.build(args.network, ctx, seed=args.seed)
     trainable, aux = models.trainable_and_aux(net)
-    worker = Worker(args=args, ctx=ctx, net=net, trainable=trainable, aux=aux, channel=channel,
-                    keys=KeyMap(len(trainable), len(aux)), rank=rank, num_workers=num_workers)
+    worker = Worker(config=AlgorithmConfig.from_args(args), ctx=ctx, net=net,
+                    trainable=trainable, aux=aux, channel=channel, rank=rank,
+                    num_workers=num_workers)
     device = _device_name(args, rank)
     writer = RoundLogWriter(folder / args.host_name / device, overwrite=args.overwrite,
                             resume=args.resume)
@@ -136,14 +167,18 @@ def train(args) -> int:
     if rank == 0:
         if args.overwrite and not args.resume:
             _forget_earlier_run(folder)
+            if args.tensorboard:
+                forget_earlier_events(args.tensorboard)
         _write_run_config(folder, args, num_workers)
     _write_json(writer.folder / "config.json", dict(vars(args), rank=rank, device=device,
                                                     num_workers=num_workers))
     algo = algo_cls(worker)
     algo.prepare()
-    done_rounds, spent, samples = _start_global_model(worker, store, args.resume)
+    worker.keys = KeyMap(len(trainable), len(aux), len(algo.state_arrays()))
+    done_rounds, spent, samples = _start_global_model(worker, algo, store, args)
     algo.setup()
-    loop = TrainingLoop(worker, algo, stream, writer, store, folder, device)
+    algo.announce(host=args.host_name, device=device)
+    loop = TrainingLoop(worker, algo, stream, writer, store, folder, device, args)
     return loop.run(done_rounds, spent, samples)
 
 
@@ -155,9 +190,9 @@ def _forget_earlier_run(folder: Path) -> None:
 
 
 class TrainingLoop:
-    def __init__(self, worker, algo, stream, writer, store, folder, device):
+    def __init__(self, worker, algo, stream, writer, store, folder, device, args):
         self.w, self.algo, self.stream, self.writer, self.store = worker, algo, stream, writer, store
-        self.args = worker.args
+        self.args = args
         self.loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
         self.criteria = StopCriteria(self.args)
         self.evaluations = EvaluationLog(folder / "evaluations.jsonl")
@@ -165,11 +200,16 @@ class TrainingLoop:
         self.standalone = worker.channel is None
         if self.standalone:
             self.test_set = data.load_fashion_mnist(self.args.data_dir, "test")
+            self.scores = ScoreReport(self.args, prefix=self.prefix)
+        self.last_eval = None          # (training seconds when scored, seconds the scoring took)
+        self.scalars = (TrainingScalars(self.args.tensorboard)
+                        if self.args.tensorboard and worker.rank == 0 else None)
 
     def run(self, done_rounds: int, spent: float, samples: int) -> int:
         args, w = self.args, self.w
         last_c = self._warm_up()
-        clock0 = time.perf_counter() - spent
+        clock0 = time.perf_counter() - spent       # training clock: inline scoring is taken out
+        wall0 = clock0                             # wall clock: everything counts
         total_samples = samples
         last_print = 0.0
         round_no = done_rounds
@@ -177,20 +217,25 @@ class TrainingLoop:
               f"{w.num_workers} worker(s), slow-down x{args.slowdown:g}", flush=True)
         while True:
             round_no += 1
+            w.round_no = round_no
             record = RoundRecord(round_no)
             round_start = time.perf_counter()
             pushed0, pulled0 = w.channel.counters() if w.channel else (0, 0)
             requests0 = self.algo.state_requests()
             k, last_c, loss = self._local_phase(record, last_c)
+            w.round_k, w.round_c = k, last_c
             w.samples_this_round = record.num_samples
-            elapsed = time.perf_counter() - clock0
-            want_stop = self.criteria.reached(round_no, elapsed, self._latest_accuracy())
+            now = time.perf_counter()
+            elapsed = now - clock0
+            want_stop = self.criteria.reached(round_no, elapsed, now - wall0,
+                                              self._latest_accuracy())
             stop = self.algo.aggregate(record, want_stop)
             round_samples = self.algo.global_samples
             total_samples += record.num_samples if round_samples is None else round_samples
             acc = self._evaluate_inline(record, round_no, stop, elapsed)
             clock0 += record.seconds("evaluation")   # standalone: scoring is not training time
             elapsed = time.perf_counter() - clock0
+            wall = time.perf_counter() - wall0
             pushed, pulled = w.channel.counters() if w.channel else (0, 0)
             compute = record.seconds(*COMPUTE_PHASES)
             record.extras = {
@@ -200,8 +245,12 @@ class TrainingLoop:
                 "bytes_pushed": pushed - pushed0, "bytes_pulled": pulled - pulled0,
                 "slowdown": args.slowdown, "rank": w.rank,
                 "state_requests": self.algo.state_requests() - requests0,
-                "train_loss": round(loss, 5)}
+                "train_loss": round(loss, 5),
+                # total_time is the training time; wall_time adds inline scoring (standalone)
+                "wall_time": round(wall, 6), **self.algo.round_extras()}
             self.writer.write(record, elapsed, acc)
+            self._write_scalars(round_no, record, k, loss, elapsed,
+                                record.num_samples if round_samples is None else round_samples)
             self._checkpoint(round_no, elapsed, total_samples, stop)
             now = time.perf_counter()
             if stop or now - last_print > 2.0:
@@ -212,10 +261,30 @@ class TrainingLoop:
             if stop:
                 break
         self.algo.close()
+        self._close_reports()
         if w.channel is not None:
             w.channel.finish()
-        print(f"{self.prefix} stopped after round {round_no} ({elapsed:.1f}s)", flush=True)
+        print(f"{self.prefix} stopped after round {round_no} (training time {elapsed:.1f}s, "
+              f"wall time {wall:.1f}s)", flush=True)
         return 0
+
+    def _write_scalars(self, round_no: int, record: RoundRecord, k: int, loss: float,
+                       elapsed: float, samples: int) -> None:
+        """Rank 0's TensorBoard scalars; every worker's k where the exchange carried them."""
+        if self.scalars is None:
+            return
+        known = self.algo.worker_ks
+        worker_ks = dict(enumerate(known)) if known is not None else {self.w.rank: k}
+        extras = record.extras
+        self.scalars.add_round(round_no, loss=loss, compute=extras["compute_time"],
+                               round_seconds=extras["compute_time"] + extras["wait_time"],
+                               samples=samples, elapsed=elapsed, worker_ks=worker_ks)
+
+    def _close_reports(self) -> None:
+        if self.scalars is not None:
+            self.scalars.close()
+        if self.standalone:
+            self.scores.close()
 
     def _latest_accuracy(self):
         """Where the stop is voted on together, rank 0's view is enough: the others skip the read."""
@@ -269,18 +338,30 @@ class TrainingLoop:
             last_c = time.perf_counter() - start
         return k, last_c, loss_sum / max(k, 1)
 
+    def _evaluation_due(self, round_no: int, stop: bool, elapsed: float) -> bool:
+        if stop:
+            return True
+        if self.args.eval_duration != "auto":
+            return round_no % self.args.eval_duration == 0
+        if self.last_eval is None:
+            return True               # the first round: where the accuracy curve starts
+        scored_at, took = self.last_eval
+        return elapsed - scored_at >= AUTO_EVAL_TRAIN_PER_EVAL * took
+
     def _evaluate_inline(self, record, round_no: int, stop: bool, elapsed: float):
         """Standalone mode only: no evaluator process, so score the model here."""
-        if not self.standalone or not (round_no % self.args.eval_duration == 0 or stop):
+        if not self.standalone or not self._evaluation_due(round_no, stop, elapsed):
             return None
         images, labels = self.test_set
         with record.phase("evaluation"):
             acc = accuracy(self.w.net, images, labels, self.w.ctx,
                            models.input_size(self.args.network))
+        self.last_eval = (elapsed, record.seconds("evaluation"))
         self.evaluations.append({"round": round_no, "total_time": round(elapsed, 6),
                                  "accuracy": round(acc, 5),
                                  "samples": round_no * self.args.batch_size})
         self.evaluations.latest_accuracy = acc
+        self.scores.add(round_no, training_seconds=elapsed, accuracy=acc)
         return acc
 
     def _checkpoint(self, round_no: int, elapsed: float, samples: int, stop: bool) -> None:
@@ -292,7 +373,8 @@ class TrainingLoop:
             self.store.save(round_no, arrays, {
                 "network": self.args.network, "mode": self.args.mode,
                 "total_time": round(elapsed, 6), "samples": samples,
-                "config": _jsonable(vars(self.args))})
+                "config": _jsonable(vars(self.args))},
+                state={name: a.asnumpy() for name, a in self.algo.state_arrays().items()})
         if stop:
             self.store.mark_done({"round": round_no, "total_time": elapsed})
 

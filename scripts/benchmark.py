@@ -1,6 +1,6 @@
-"""Run every mode on one emulated cluster and write one report (see esync/benchmark.py).
+"""Run every mode on one emulated cluster and write one report (see esync/benchmark/).
 
-Usage, from the repository root: python scripts/benchmark.py [--budget 90] [--modes ...] [--out D]
+Usage, from the repository root: python scripts/benchmark.py [--budget 60] [--modes ...] [--net loopback] [--out D]
 """
 import os
 import sys

@@ -3,11 +3,30 @@
 # train on it), run pytest. Extra arguments go to pytest, e.g. `bash scripts/test.sh -k launch`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
-# The network-namespace tests need `ip` and `tc` (iproute2); as root we can install them.
-if [ "$(id -u)" = 0 ] && ! { command -v ip && command -v tc; } >/dev/null; then
-  echo "test.sh: installing iproute2 for the network-namespace tests"
-  { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y iproute2; } >/dev/null
+# Some tests run against real system programs: an sshd (ssh backend), a single-node Slurm with
+# munge (Slurm backend), iproute2 (emulated hosts in network namespaces) and Debian's chromium
+# (the dashboard in a headless browser). As root, install what is missing; otherwise those tests
+# skip and say why.
+need=()
+command -v /usr/sbin/sshd >/dev/null || need+=(openssh-server)
+command -v ssh >/dev/null || need+=(openssh-client)
+{ command -v slurmctld && command -v slurmd; } >/dev/null || need+=(slurm-wlm)
+command -v munged >/dev/null || need+=(munge)
+{ command -v ip && command -v tc; } >/dev/null || need+=(iproute2)
+command -v chromium >/dev/null || need+=(chromium)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "test: installing ${need[*]} (the backend, network-namespace and dashboard tests use them)"
+    mkdir -p .venv
+    if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+           apt-get install -y -qq --no-install-recommends "${need[@]}"; } >.venv/apt.log 2>&1; then
+      echo "test: installing ${need[*]} failed (see .venv/apt.log); the tests that need them" \
+           "will skip and say why" >&2
+    fi
+  else
+    echo "test: ${need[*]} missing and not root: the tests that need them will skip" >&2
+  fi
 fi
+bash scripts/setup.sh
 .venv/bin/python scripts/prepare_data.py --quiet
 exec .venv/bin/python -m pytest "$@"

@@ -96,74 +96,55 @@ def real_fashion_subset(real_fashion_dir, tmp_path_factory):
 # `launcher`, so a failing or timed-out test never leaves processes behind.
 
 
-class Launchers:
-    """Starts ``python -m esync.launch`` processes for one test and removes them all afterwards.
-
-    ``launchers(*argv, env=None, cwd=REPO) -> Popen`` (text pipes, its own process group);
-    ``launchers.run(*argv, timeout=240, check=True, ...) -> CompletedProcess`` runs one to its end.
-    """
-
-    def __init__(self, folder):
-        self.folder, self.started = folder, []
-
-    def __call__(self, *argv, env=None, cwd=None):
-        import os
-        import subprocess
-        import sys
-
-        from support import REPO
-        proc = subprocess.Popen([sys.executable, "-m", "esync.launch", *map(str, argv)],
-                                cwd=cwd or REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, start_new_session=True,
-                                env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})))
-        self.started.append(proc)
-        return proc
-
-    def run(self, *argv, timeout=240, check=True, env=None, cwd=None):
-        import subprocess
-
-        from support import _process_logs
-        proc = self(*argv, env=env, cwd=cwd)
-        out, err = proc.communicate(timeout=timeout)
-        done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-        if check and done.returncode != 0:
-            raise AssertionError(f"cluster failed ({done.returncode}):\n{out}\n{err}"
-                                 + _process_logs(self.folder))
-        return done
-
-    def remove_all(self):
-        """SIGTERM to a launcher still running (it stops its cluster), SIGKILL to its group after
-        20 s (its children die with it), then SIGKILL to any process naming the test's folder (command line or environment)."""
-        import os
-        import signal
-        import subprocess
-
-        from esync.procs import kill_group
-        from support import processes_of
-        for proc in self.started:
-            if proc.poll() is None:
-                kill_group(proc, signal.SIGTERM)
-                try:
-                    proc.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    kill_group(proc, signal.SIGKILL)
-                    proc.wait()
-            for stream in (proc.stdout, proc.stderr):
-                stream.close()
-        for pid in processes_of(self.folder):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-
 @pytest.fixture
 def launcher(tmp_path):
     """Start launchers (see ``Launchers``); whether the test passes, fails or times out
     (pytest-timeout's default signal method runs teardown), none of their processes outlive it."""
+    from support import Launchers
     launchers = Launchers(tmp_path)
     yield launchers
     launchers.remove_all()
 
 
 # end of launcher fixtures ----------------------------------------------------------------------
+
+
+# backends fixtures ------------------------------------------------------------------------------
+# Real daemons the ssh and Slurm backends are tested against (see daemons.py); each is stopped by
+# its process id when the test ends, whatever the outcome.
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory):
+    """An sshd on 127.0.0.1 with key auth; ``sshd.ssh_config`` is the client's ``ssh -F`` file.
+
+    One per test module (the tests of a module share it; each uses its own log folder)."""
+    from daemons import Sshd, why_not_sshd
+
+    reason = why_not_sshd()
+    if reason:
+        pytest.skip(reason)
+    daemon = Sshd(tmp_path_factory.mktemp("sshd")).start()
+    try:
+        yield daemon
+    finally:
+        daemon.stop()
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    """A single-node Slurm (munged, slurmctld, slurmd); ``slurm.env`` holds its SLURM_CONF.
+
+    One per test module (starting Slurm takes seconds); each test submits its own jobs."""
+    from daemons import SlurmCluster, why_not_slurm
+
+    reason = why_not_slurm()
+    if reason:
+        pytest.skip(reason)
+    cluster = SlurmCluster().start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+# end of backends fixtures -----------------------------------------------------------------------

@@ -5,6 +5,7 @@ Tests import them with ``from support import ...``: a module of its own, because
 """
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -50,15 +51,67 @@ def write_fashion_dir(data_dir, *, train_per_class=20, test_per_class=10, seed=0
 
 
 def run_cluster(log_dir, data_dir, *args, timeout=240, check=True, env=None):
-    """Run ``python -m esync.launch`` to completion; returns the CompletedProcess."""
-    command = [sys.executable, "-m", "esync.launch", "-ld", str(log_dir), "-dd", str(data_dir),
-               "--quiet", *map(str, args)]
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout,
-                           env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})))
-    if check and done.returncode != 0:
-        raise AssertionError(f"cluster failed ({done.returncode}):\n{done.stdout}\n{done.stderr}"
-                             + _process_logs(log_dir))
-    return done
+    """Run ``python -m esync.launch`` to completion; returns the CompletedProcess. Whatever
+    happens (timeout, failure), none of its processes outlive the call."""
+    launchers = Launchers(log_dir)
+    try:
+        return launchers.run("-ld", log_dir, "-dd", data_dir, "--quiet", *args, timeout=timeout,
+                             check=check, env=env)
+    finally:
+        launchers.remove_all()
+
+
+class Launchers:
+    """Starts ``python -m esync.launch`` processes for one test and removes them all afterwards.
+
+    ``launchers(*argv, env=None, cwd=REPO) -> Popen`` (text pipes, its own process group);
+    ``launchers.run(*argv, timeout=240, check=True, ...) -> CompletedProcess`` runs one to its end.
+    """
+
+    def __init__(self, folder):
+        self.folder, self.started = folder, []
+
+    def __call__(self, *argv, env=None, cwd=None):
+        # The tag is inherited by every process the launcher starts (scheduler and servers name
+        # no folder on their command line), so `processes_of(folder)` finds them all. The
+        # launcher dies with pytest (and its cluster with it) even if pytest is SIGKILLed.
+        from esync.procs import die_with_parent
+        proc = subprocess.Popen([sys.executable, "-m", "esync.launch", *map(str, argv)],
+                                cwd=cwd or REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True, preexec_fn=die_with_parent,
+                                env=dict(os.environ, PYTHONUNBUFFERED="1",
+                                         ESYNC_TEST_FOLDER=str(self.folder), **(env or {})))
+        self.started.append(proc)
+        return proc
+
+    def run(self, *argv, timeout=240, check=True, env=None, cwd=None):
+        proc = self(*argv, env=env, cwd=cwd)
+        out, err = proc.communicate(timeout=timeout)
+        done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+        if check and done.returncode != 0:
+            raise AssertionError(f"cluster failed ({done.returncode}):\n{out}\n{err}"
+                                 + _process_logs(self.folder))
+        return done
+
+    def remove_all(self):
+        """SIGTERM to a launcher still running (it stops its cluster), SIGKILL to its group after
+        20 s (its children die with it), then SIGKILL to any process naming the folder."""
+        from esync.procs import kill_group
+        for proc in self.started:
+            if proc.poll() is None:
+                kill_group(proc, signal.SIGTERM)
+                try:
+                    proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    kill_group(proc, signal.SIGKILL)
+                    proc.wait()
+            for stream in (proc.stdout, proc.stderr):
+                stream.close()
+        for pid in processes_of(self.folder):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def _process_logs(log_dir):
@@ -97,9 +150,8 @@ def processes_mentioning(text):
 
 
 def processes_of(folder):
-    """PIDs of live processes whose command line or environment names `folder` (a test's
-    tmp_path): a cluster's processes, including the state server, whose database path is only in
-    its environment."""
+    """PIDs of live processes whose command line or environment names `folder`: every process of
+    a cluster that `Launchers` started for that folder (they inherit ESYNC_TEST_FOLDER)."""
     import re
     pattern = re.compile(re.escape(str(folder)).encode() + rb"(/|\0|\s|$)")
     pids = []

@@ -85,6 +85,8 @@ CONFIG_DEFAULTS = [
     ("target_accuracy", "target_accuracy", 0.7, 0.7),
     ("policy", "policy", "planned", "planned"),
     ("epsilon", "epsilon", 0.5, 0.5),
+    ("aggregation", "aggregation", "fednova", "fednova"),
+    ("outer_momentum", "outer_momentum", 0.9, 0.9),
 ]
 
 
@@ -122,6 +124,9 @@ BAD_VALUES = [
     (["-dcasgd", "1"], "-dcasgd", ["-m async"]),
     (["--slowdown", "0.5"], "--slowdown", ["0.5"]),
     (["--target-accuracy", "2"], "--target-accuracy", ["between 0 and 1"]),
+    (["--aggregation", "median"], "--aggregation", ["median", "mean", "weighted", "fednova"]),
+    (["--outer-momentum", "1"], "--outer-momentum", ["[0, 0.999]"]),
+    (["--nesterov"], "--nesterov", ["--outer-momentum"]),
 ]
 
 

@@ -10,6 +10,7 @@ from support import device_logs, processes_mentioning, run_cluster, write_fashio
 from esync import data, models
 from esync.algorithms.async_ import DCASGD_LAMBDA
 from esync.checkpoint import CheckpointStore
+from esync.policy import plan_round
 
 LR, BATCH, STEPS, SEED = 0.0125, 8, 3, 1     # LR x the batch-summed gradient (0.1 on the mean)
 
@@ -135,10 +136,11 @@ def test_two_worker_sync_equals_the_original_sync_step(tmp_path, small_data):
                       original_sync(replicas(small_data)))
 
 
-def test_esync_with_one_local_step_and_unit_global_lr_equals_ssgd(tmp_path, small_data):
+@pytest.mark.parametrize("rule", ["mean", "weighted", "fednova"])
+def test_esync_with_one_local_step_and_unit_global_lr_equals_ssgd(tmp_path, small_data, rule):
     run_cluster(tmp_path, small_data, "-m", "esync", "--local-iters", 1, "-gl", 1,
-                "--workers", 2, "--slowdown", "1", "-ll", LR, "-b", BATCH,
-                "--max-rounds", STEPS, "-e", 1, "--max-seconds", 0, "--seed", SEED,
+                "--aggregation", rule, "--workers", 2, "--slowdown", "1", "-ll", LR,
+                "-b", BATCH, "--max-rounds", STEPS, "-e", 1, "--max-seconds", 0, "--seed", SEED,
                 "--no-evaluator")
     assert_same_model(final_checkpoint(tmp_path / "lenet" / "esync"),
                       original_sync(replicas(small_data)))
@@ -245,14 +247,63 @@ def test_esync_fast_worker_runs_about_four_local_steps_per_slow_one(tmp_path,
     assert processes_mentioning(str(tmp_path)) == []
 
 
-def test_planned_policy_makes_two_requests_per_worker_per_round(tmp_path, small_data):
-    run_cluster(tmp_path, small_data, "-m", "esync", "--policy", "planned", "--workers", 2,
-                "--slowdown", "1,3", "-b", 16, "--max-rounds", 8, "-e", 8, "--max-seconds", 0,
-                "--no-evaluator")
-    logs = device_logs(tmp_path / "lenet" / "esync")
-    for rounds in logs.values():
-        assert [r["state_requests"] for r in rounds] == [2] * 8   # plan + reset
-    assert max(r["k"] for r in logs["cpu0"][2:]) >= 2
+def test_esync_weighted_aggregation_with_nesterov_momentum_trains(tmp_path, fashion_dir_factory):
+    data_dir = fashion_dir_factory(train_per_class=100, test_per_class=30)
+    run_cluster(tmp_path, data_dir, "-m", "esync", "--aggregation", "weighted",
+                "--outer-momentum", 0.5, "--nesterov", "--workers", 2, "--slowdown", "1,3",
+                "--policy", "planned", "-ll", 0.05 / 32, "-b", 32, "--max-rounds", 20, "-e", 5,
+                "--max-seconds", 0)
+    assert untrained_accuracy(data_dir) < 0.3 < 0.8 < scores(tmp_path / "lenet" / "esync")[-1]
+
+
+def test_resume_continues_with_the_outer_momentum(tmp_path, fashion_dir_factory):
+    """Each worker's batch is its whole shard, so every round sees the same data whatever the
+    stream's position: the resumed run's rounds 3-4 equal the uninterrupted run's only when the
+    momentum buffers come back from the checkpoint (on every worker)."""
+    data_dir = fashion_dir_factory(train_per_class=4, test_per_class=2)    # 20 images per worker
+    common = ["-m", "esync", "--local-iters", 2, "--outer-momentum", 0.9, "--nesterov",
+              "-gl", 0.7, "--workers", 2, "--slowdown", "1", "-ll", 0.002, "-b", 20, "-e", 1,
+              "--max-seconds", 0, "--seed", SEED, "--no-evaluator"]
+    run_cluster(tmp_path / "whole", data_dir, *common, "--max-rounds", 4)
+    run_cluster(tmp_path / "resumed", data_dir, *common, "--max-rounds", 2)
+    run_cluster(tmp_path / "resumed", data_dir, *common, "--max-rounds", 4, "--resume")
+    assert_same_model(final_checkpoint(tmp_path / "resumed" / "lenet" / "esync", steps=4),
+                      final_checkpoint(tmp_path / "whole" / "lenet" / "esync", steps=4))
+
+
+@pytest.fixture(scope="module")
+def planned_run(tmp_path_factory, small_data):
+    """{rank: round logs} of a 4-worker ESync run with the planned policy (1x, 1x, 2x, 4x)."""
+    log_dir = tmp_path_factory.mktemp("planned")
+    run_cluster(log_dir, small_data, "-m", "esync", "--policy", "planned", "--workers", 4,
+                "--slowdown", "1,1,2,4", "-b", 16, "--max-rounds", 14, "-e", 14,
+                "--max-seconds", 0, "--no-evaluator", timeout=400)
+    return {rounds[0]["rank"]: rounds
+            for rounds in device_logs(log_dir / "lenet" / "esync").values()}
+
+
+def test_planned_policy_keeps_http_off_every_workers_round(planned_run):
+    """No worker asks the state server anything during a round; only rank 0's background
+    reporter talks to it."""
+    phases = {rank: sorted({p for r in rounds for it in r["time"].values() for p in it
+                            if p in ("check ready", "reset state server")})
+              for rank, rounds in planned_run.items()}
+    requests = {rank: sum(r["state_requests"] for r in rounds)
+                for rank, rounds in planned_run.items() if rank != 0}
+    assert (phases, requests) == ({rank: [] for rank in range(4)}, {1: 0, 2: 0, 3: 0})
+
+
+def test_planned_k_per_round_follows_the_policy_for_the_reported_durations(planned_run):
+    """Rank 0 logs every round's reported (k, c) and which round's plan it sent to everyone in
+    that exchange; the next round's k_i of all workers must be the planned policy's answer
+    (esync.policy.plan_round, the state server's own function) for that round's durations."""
+    rank0 = {r["num_iters"]: r for r in planned_run[0]}
+    ks = {r: [planned_run[i][r - 1]["k"] for i in range(4)] for r in rank0}
+    used = {r + 1: log["plan_sent_from_round"] for r, log in rank0.items()
+            if log.get("plan_sent_from_round") and r + 1 in ks}
+    got = {r: ks[r] for r in used}
+    want = {r: plan_round(rank0[t]["reported_c"], epsilon="auto") for r, t in used.items()}
+    assert len(used) >= 5 and got == want
 
 
 def test_state_token_is_never_written_to_disk(tmp_path, small_data):

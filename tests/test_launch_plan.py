@@ -96,6 +96,13 @@ def test_gpu_workers_get_their_gpu_and_distinct_log_folders():
     assert gpu[gpu.index("-c") + 1] == "0" and gpu[gpu.index("-g") + 1] == "0"
 
 
+def test_evaluator_gets_the_state_servers_address_and_token_for_the_dashboard():
+    evaluator = by_name(plan_roles(config(), Hosts(PS, (FAST, SLOW))))["evaluator"]
+    argv = " ".join(evaluator.argv)
+    assert ("--state-server-ip 10.9.0.1 --state-server-port 9200" in argv
+            and evaluator.env["ESYNC_STATE_TOKEN"] == "secret")
+
+
 def test_no_evaluator_when_asked():
     specs = plan_roles(config(evaluator=False), Hosts(PS, (FAST, SLOW)))
     assert "evaluator" not in {s.kind for s in specs}

@@ -9,7 +9,7 @@ import numpy as np
 from mxnet import autograd, gluon
 
 from esync import cli, models
-from esync.algorithms import Worker, algorithm_class
+from esync.algorithms import AlgorithmConfig, Worker, algorithm_class
 from esync.measure import RoundRecord
 from esync.trainer import TrainingLoop, _shard
 
@@ -35,10 +35,12 @@ def test_one_local_step_moves_by_lr_times_the_batch_summed_gradient(tmp_path, fa
                            "-ld", str(tmp_path), "-l", str(LR), "-b", str(BATCH)])
     net = models.build("lenet", mx.cpu(), seed=args.seed)
     trainable, aux = models.trainable_and_aux(net)
-    worker = Worker(args=args, ctx=mx.cpu(), net=net, trainable=trainable, aux=aux)
+    worker = Worker(config=AlgorithmConfig.from_args(args), ctx=mx.cpu(), net=net,
+                    trainable=trainable, aux=aux)
     algo = algorithm_class("local")(worker)
     algo.setup()
-    loop = TrainingLoop(worker, algo, _shard(args, 0, 1), None, None, tmp_path, "cpu0")
+    loop = TrainingLoop(worker, algo, _shard(args, 0, 1), None, None, tmp_path, "cpu0",
+                        args)
 
     x, y = _shard(args, 0, 1).next_batch()              # the batch the loop will take first
     want = summed_gradient_step(models.build("lenet", mx.cpu(), seed=args.seed), x, y, LR)

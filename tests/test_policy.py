@@ -591,3 +591,12 @@ def test_a_job_restored_from_its_worker_states_decides_like_the_original(clock):
                     last_plan=job.report_round(1, [0] * 3, [0.0] * 3).plan)
     assert ([w["round"] for w in rebuilt.snapshot()["workers"]], rebuilt.plan(2, 0.02)) == (
         [2, 2, 2], job.plan(2, 0.02))
+
+
+def test_a_batch_of_round_reports_equals_the_reports_one_by_one(clock):
+    reports = [(t, [t, 1, 2], [0.01 * t, 0.08, 0.04]) for t in (1, 2, 3)]
+    one_by_one = empty_planned_job(clock, num_workers=3)
+    answers = [one_by_one.report_round(*report).plan for report in reports]
+    batched = empty_planned_job(clock, num_workers=3)
+    assert (batched.report_rounds(reports).plan, batched.history_records()) == (
+        answers[-1], one_by_one.history_records())

@@ -4,7 +4,7 @@ Which class runs which mode is in the mode registry (``esync.modes``); these wra
 older names working.
 """
 from esync import modes
-from esync.algorithms.base import Algorithm, Worker
+from esync.algorithms.base import Algorithm, AlgorithmConfig, Worker
 
 MODES = modes.CLI_MODES
 
@@ -19,4 +19,4 @@ def mode_dir_name(mode: str, use_dcasgd: int = 0, split_by_class: int = 0) -> st
     return modes.folder_name(mode, use_dcasgd, split_by_class)
 
 
-__all__ = ["Algorithm", "Worker", "MODES", "algorithm_class", "mode_dir_name"]
+__all__ = ["Algorithm", "AlgorithmConfig", "Worker", "MODES", "algorithm_class", "mode_dir_name"]

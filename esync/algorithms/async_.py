@@ -19,7 +19,7 @@ class AsyncSGD(Algorithm):
     kvstore_type = "dist_async"
 
     def optimizer(self) -> mx.optimizer.Optimizer:
-        return mx.optimizer.SGD(learning_rate=self.args.learning_rate)
+        return mx.optimizer.SGD(learning_rate=self.config.learning_rate)
 
     def prepare(self) -> None:
         # Every worker registers the optimizer before init, whose barrier then guarantees the
@@ -38,4 +38,4 @@ class AsyncSGD(Algorithm):
 
 class DCASGD(AsyncSGD):
     def optimizer(self) -> mx.optimizer.Optimizer:
-        return mx.optimizer.DCASGD(learning_rate=self.args.learning_rate, lamda=DCASGD_LAMBDA)
+        return mx.optimizer.DCASGD(learning_rate=self.config.learning_rate, lamda=DCASGD_LAMBDA)

@@ -3,25 +3,58 @@
 The training loop (``esync.trainer``) exists once; an algorithm only fills in these hooks:
 
     prepare()                 before the parameter server's keys are created (optimizer, state server)
+    state_arrays()            the algorithm's own state (checkpointed; rank 0's reaches everyone)
+    announce(host, device)    once the job exists everywhere: say where this worker runs (dashboard)
     continue_local(k, c, rec) True while this worker should run another local iteration this round
     local_step(rec)           after the backward pass of each local iteration
     aggregate(rec, want_stop) end of the round: exchange with the other workers; returns "stop now"
+    round_extras()            extra keys for this round's log
 
-``Worker`` carries what every algorithm needs (network, parameters, KVStore channel, rank).
+``Worker`` carries what every algorithm needs (network, parameters, KVStore channel, rank) and
+``AlgorithmConfig`` the named values the algorithms read (never the whole command line).
 """
+from __future__ import annotations
+
 from dataclasses import dataclass, field
 from typing import Optional
 
 import mxnet as mx
 from mxnet import gluon, nd
 
-from esync.kvstore import KeyMap, KVChannel
+from esync.kvstore import ControlSum, KeyMap, KVChannel, control_vector, read_control
 from esync.measure import RoundRecord
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    """What the algorithms need to know, by name; ``from_args`` reads it off ``main.py``'s flags."""
+
+    learning_rate: float = 0.001          # -l: SGD step, x the batch-summed gradient
+    local_lr: float = 0.001               # -ll: ESync's local step, likewise
+    global_lr: float = 1.0                # -gl: ESync's outer learning rate
+    local_iters: int = 0                  # --local-iters: fixed k_i (0: ask the state server)
+    policy: str = "dynamic"               # --policy: how the state server decides k_i
+    epsilon: float | str = "auto"         # --epsilon: the state server's slack
+    aggregation: str = "mean"             # --aggregation: mean, weighted or fednova
+    outer_momentum: float = 0.0           # --outer-momentum: 0 is none
+    nesterov: bool = False                # --nesterov: Nesterov form of the outer momentum
+    state_url: str = "http://127.0.0.1:10010"
+    job: str = "default"
+    state_token: Optional[str] = field(default=None, repr=False)
+
+    @classmethod
+    def from_args(cls, args) -> "AlgorithmConfig":
+        return cls(learning_rate=args.learning_rate, local_lr=args.local_lr,
+                   global_lr=args.global_lr, local_iters=args.local_iters, policy=args.policy,
+                   epsilon=args.epsilon, aggregation=args.aggregation,
+                   outer_momentum=args.outer_momentum, nesterov=bool(args.nesterov),
+                   state_url=f"http://{args.state_server_ip}:{args.state_server_port}",
+                   job=args.job, state_token=args.state_token)
 
 
 @dataclass
 class Worker:
-    args: object                     # the resolved argparse namespace (read only)
+    config: AlgorithmConfig
     ctx: mx.Context
     net: gluon.HybridBlock
     trainable: list                  # gluon Parameters with gradients
@@ -30,7 +63,11 @@ class Worker:
     keys: Optional[KeyMap] = None
     rank: int = 0
     num_workers: int = 1
-    samples_this_round: int = field(default=0)
+    # Set by the training loop before each aggregation:
+    round_no: int = 0                # the round under way
+    round_k: int = 0                 # local iterations this worker ran in it
+    round_c: float = 0.0             # duration of its last local iteration (seconds)
+    samples_this_round: int = 0
 
 
 class Algorithm:
@@ -39,17 +76,26 @@ class Algorithm:
     kvstore_type: Optional[str] = None   # 'dist_sync', 'dist_async' or None (standalone)
     collective_stop = False             # stop decided together, through the parameter server
     global_samples: Optional[int] = None   # samples of the last round over all workers, if known
+    worker_ks: Optional[list] = None       # every worker's k_i of the last round, if the exchange
+                                           # carries them (else only this worker's k is known)
 
     def __init__(self, worker: Worker):
         self.worker = worker
-        self.args = worker.args
+        self.config = worker.config
 
     # -- hooks -------------------------------------------------------------------------------
     def prepare(self) -> None:
         """Runs before the KVStore keys are created (and before the first barrier)."""
 
+    def state_arrays(self) -> dict:
+        """Named NDArrays of the algorithm's own state (e.g. outer momentum), updated in place."""
+        return {}
+
     def setup(self) -> None:
         """Runs once the global model is in place, before the first round."""
+
+    def announce(self, *, host: str, device: str) -> None:
+        """Runs after setup: tell a coordinator, if the algorithm has one, where this worker runs."""
 
     def continue_local(self, k: int, last_c: float, record: RoundRecord) -> bool:
         return k == 0
@@ -59,6 +105,9 @@ class Algorithm:
 
     def aggregate(self, record: RoundRecord, want_stop: bool) -> bool:
         return want_stop
+
+    def round_extras(self) -> dict:
+        return {}
 
     def state_requests(self) -> int:
         return 0
@@ -77,19 +126,23 @@ class Algorithm:
         return gluon.Trainer(self.worker.trainable, "sgd", {"learning_rate": learning_rate},
                              kvstore=None)
 
-    def exchange(self, arrays: list, outs: list, keys: list, want_stop: bool) -> bool:
-        """Push `arrays` and a [stop vote, samples] control vector, pull the sums, one wait.
+    def exchange(self, arrays: list, outs: list, keys: list, want_stop: bool, *, k: int = 0,
+                 c: float = 0.0, plan=None) -> ControlSum:
+        """Push `arrays` and this worker's control vector, pull the sums, one wait.
 
-        Returns True when any worker voted to stop; the global number of samples of the round is
-        left in ``self.global_samples``.
+        The control vector (``esync.kvstore.control_vector``) carries the stop vote, the samples,
+        this worker's ``k`` and ``c`` and (rank 0) a plan; the returned sum holds everyone's. The
+        global number of samples of the round is left in ``self.global_samples``.
         """
         w = self.worker
-        control = nd.array([1.0 if want_stop else 0.0, w.samples_this_round], ctx=w.ctx)
-        control_sum = nd.zeros(2, ctx=w.ctx)
+        control = nd.array(control_vector(w.num_workers, w.rank, stop=want_stop,
+                                          samples=w.samples_this_round, k=k, c=c, plan=plan),
+                           ctx=w.ctx)
+        control_sum = nd.zeros(control.shape, ctx=w.ctx)
         w.channel.push_pull(keys + [w.keys.control], arrays + [control], outs + [control_sum])
-        votes, samples = control_sum.asnumpy()
-        self.global_samples = int(samples)
-        return votes > 0
+        summed = read_control(control_sum.asnumpy(), w.num_workers)
+        self.global_samples = summed.samples
+        return summed
 
 
 def grads(params: list) -> list:

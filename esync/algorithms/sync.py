@@ -15,7 +15,7 @@ class SyncSGD(Algorithm):
     collective_stop = True
 
     def setup(self) -> None:
-        self.trainer = self.sgd(self.args.learning_rate)
+        self.trainer = self.sgd(self.config.learning_rate)
         self.grads = grads(self.worker.trainable)
         self.aux = datas(self.worker.aux)
         self.aux_sum = [nd.zeros_like(x) for x in self.aux]
@@ -25,7 +25,7 @@ class SyncSGD(Algorithm):
         with record.phase("global aggregate"):
             # Pulling into the gradient buffers leaves the sum over all workers there.
             stop = self.exchange(self.grads + self.aux, self.grads + self.aux_sum,
-                                 w.keys.trainable + w.keys.aux, want_stop)
+                                 w.keys.trainable + w.keys.aux, want_stop).stop
             for p, total in zip(w.aux, self.aux_sum):
                 p.set_data(total / w.num_workers)
         with record.phase("local update"):

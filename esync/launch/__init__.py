@@ -35,6 +35,7 @@ import sys
 from pathlib import Path
 
 from esync import cli
+from esync.launch import remote
 from esync.netns import NetnsError
 from esync.launch.backends.local import LocalBackend
 from esync.launch.backends.netns import NetnsBackend, add_network_args, layout_from_args
@@ -114,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-summary", action="store_true", help="do not write the summary JSON")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
     add_network_args(parser.add_argument_group("network"))
+    LAUNCHER_ONLY.update(remote.add_arguments(parser))
     r = parser.add_argument_group("failures")
     r.add_argument("--stall-timeout", type=cli.bounded_number(float, low=0, strict=True,
                                                               must="a positive number of seconds"),
@@ -150,7 +152,7 @@ class LocalCluster:
 
     def __init__(self, args, parser, backend=None, hosts=None):
         self.args, self.parser = args, parser
-        self.backend = backend or LocalBackend()
+        self._backend = backend or LocalBackend()
         self.mode_dir = _mode_dir(args)
         self.proc_dir = self.mode_dir / "processes"
         self.devices = _device_list(args.devices, args.workers)
@@ -164,7 +166,7 @@ class LocalCluster:
         a, address = self.args, self.hosts.ps.address
 
         def on_ps(fn, *args):        # ports as the ps host sees them (its own namespace, if any)
-            return self.backend.run_on(self.hosts.ps.name, fn, *args)
+            return self._backend.run_on(self.hosts.ps.name, fn, *args)
         port = a.port or on_ps(free_port, address)
         if not on_ps(port_is_free, port, address):
             raise cli.UsageError(f"argument --port: port {port} is in use; pick another or "
@@ -182,7 +184,13 @@ class LocalCluster:
             state_db=str(self.mode_dir / "state_server.sqlite3"))
 
     def plan(self):
+        if self.uses_state_server:
+            print(f"esync-cluster: dashboard at http://{self.hosts.ps.address}:"
+                  f"{self.config.state_port}/dashboard/?job={self.args.job}", flush=True)
         return plan_roles(self.config, self.hosts)
+
+    def backend(self):
+        return self._backend
 
     def restart_plan(self, attempt: int):
         """Make the folder ready to resume from the last checkpoint; the plan that does it.
@@ -198,8 +206,7 @@ class LocalCluster:
             raise RuntimeError(str(exc)) from None
         if found is None:
             print("esync-cluster: no checkpoint yet; starting the job over", file=sys.stderr)
-            self.config = self.configure(resume=False, overwrite=True)
-            return self.plan()
+            return self._replan(resume=False, overwrite=True)
         done = int(found[1]["round"])
         for log in self.mode_dir.glob("*/*/iter-*.txt"):
             if log.parent.parent.name in ("processes", "checkpoints"):
@@ -208,7 +215,13 @@ class LocalCluster:
                 log.unlink()
         store.clear_done()
         print(f"esync-cluster: resuming from {found[0].name} (round {done})", file=sys.stderr)
-        self.config = self.configure(resume=True, overwrite=False)
+        return self._replan(resume=True, overwrite=False)
+
+    def _replan(self, *, resume: bool, overwrite: bool):
+        try:
+            self.config = self.configure(resume=resume, overwrite=overwrite)
+        except cli.UsageError as exc:           # e.g. a fixed --port taken meanwhile
+            raise RuntimeError(str(exc)) from None
         return self.plan()
 
     def state_view(self) -> str:
@@ -221,7 +234,8 @@ class LocalCluster:
                              retry_for=0.0) as client:
                 return client.state()
         try:
-            view = self.backend.run_on(self.hosts.ps.name, ask)
+            runner = getattr(self, "_backend", None)     # remote jobs ask from here
+            view = runner.run_on(self.hosts.ps.name, ask) if runner else ask()
         except (StateServerError, OSError) as exc:
             return f"  (no answer from {url}: {exc})"
         return _format_view(view)
@@ -258,7 +272,8 @@ def _check_before_start(args) -> None:
     if env_workers and env_workers != str(args.workers):
         raise cli.UsageError(f"DMLC_NUM_WORKER={env_workers} in the environment does not match "
                              f"--workers {args.workers}; unset it or make them agree")
-    if any(d != "cpu" for d in _device_list(args.devices, args.workers)):
+    if args.backend == "local" and any(d != "cpu" for d in _device_list(args.devices,
+                                                                          args.workers)):
         import mxnet as mx
         gpus = mx.context.num_gpus()
         for d in _device_list(args.devices, args.workers):
@@ -329,6 +344,11 @@ def _parse(parser, argv) -> argparse.Namespace:
     # from state_server/, the user from anywhere.
     args.log_dir = str(Path(args.log_dir).resolve())
     args.data_dir = str(Path(args.data_dir).resolve())
+    args.tensorboard = str(Path(args.tensorboard or _mode_dir(args)).resolve())
+    remote.prepare(args, sys.argv[1:] if argv is None else list(map(str, argv)))
+    if args.backend != "local" and args.net != "loopback":
+        raise cli.UsageError(f"--net {args.net} emulates hosts on this machine: it needs "
+                             f"--backend local, not --backend {args.backend}")
     if args.slowdown_list is None:
         args.slowdown_list = DEFAULT_SLOWDOWN if args.workers == 4 else "1"
     args.slowdowns = _slowdown_list(args.slowdown_list, args.workers)
@@ -338,8 +358,10 @@ def _parse(parser, argv) -> argparse.Namespace:
         raise cli.UsageError("-m local is one device: run `python main.py -m local ...`")
     if args.resume and args.overwrite:
         raise cli.UsageError("--resume and --overwrite exclude each other")
+    cli.check_esync_options(args)
     layout_from_args(args, args.workers)
-    _check_before_start(args)
+    if args.backend != "kubernetes":          # the pods check their own data and logs
+        _check_before_start(args)
     return args
 
 
@@ -351,13 +373,27 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         args = _parse(parser, argv)
-        backend, hosts = _backend(args)
-        cluster = LocalCluster(args, parser, backend, hosts)
+        if args.backend == "local":
+            backend, hosts = _backend(args)
+            cluster = LocalCluster(args, parser, backend, hosts)
+        else:
+            cluster = remote.make_cluster(args, parser, LocalCluster)
+            backend = cluster.backend()
         specs = cluster.plan()
-        _write_cluster_json(cluster.mode_dir, args)
+        if args.backend == "kubernetes":
+            written = cluster.emit()
+            print(f"esync-cluster: wrote {len(written)} manifests and a Dockerfile to "
+                  f"{args.emit} (Kubernetes {remote.kubernetes_version()})")
+            if cluster.emit_only:
+                return 0
+        else:
+            _write_cluster_json(cluster.mode_dir, args)
         options = Options(stall_timeout=args.stall_timeout,
                           startup_timeout=args.startup_timeout, restarts=args.restarts,
                           state_restarts=STATE_SERVER_RESTARTS)
+        if args.backend == "kubernetes":
+            # The logs are on the cluster's volume: rounds cannot be watched from here.
+            options.stall_timeout = options.startup_timeout = float("inf")
         progress = Progress(cluster.mode_dir, args.max_rounds, f"{args.mode} {args.network}",
                             quiet=args.quiet)
         supervisor = Supervisor(backend, cluster.proc_dir, cluster.mode_dir, options,
@@ -377,7 +413,9 @@ def main(argv=None) -> int:
     finally:
         if backend is not None:
             backend.close()                  # idempotent; the supervisor closed it already
-    if code == 0:
+    if code == 0 and args.backend == "kubernetes":
+        print(f"esync-cluster: done; the logs are on the volume {args.k8s_name}-logs")
+    elif code == 0:
         if not args.no_summary:
             _write_summary(cluster.mode_dir)
         _report(cluster.mode_dir)

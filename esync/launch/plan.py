@@ -132,13 +132,15 @@ def plan_roles(config: ClusterConfig, hosts: Hosts) -> list[RoleSpec]:
         specs.append(RoleSpec(f"server{i}", "server", list(main),
                               _dmlc_env(config, ps, ps, "server"), ps.name))
     train = list(config.train_argv)
-    if config.evaluator:
-        specs.append(RoleSpec("evaluator", "evaluator", main + train,
-                              {"PYTHONUNBUFFERED": "1", "DMLC_ROLE": "evaluator",
-                               "OMP_NUM_THREADS": str(config.threads)}, ps.name))
     state = []
     if config.state_port is not None:
         state = ["--state-server-ip", ps.address, "--state-server-port", str(config.state_port)]
+    if config.evaluator:
+        env = {"PYTHONUNBUFFERED": "1", "DMLC_ROLE": "evaluator",
+               "OMP_NUM_THREADS": str(config.threads)}
+        if config.state_port is not None:
+            env["ESYNC_STATE_TOKEN"] = config.state_token     # it posts scores to the dashboard
+        specs.append(RoleSpec("evaluator", "evaluator", main + train + state, env, ps.name))
     names = device_names(config.devices)
     for i, (device, name, factor, host) in enumerate(zip(config.devices, names,
                                                            config.slowdowns, hosts.workers)):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import signal
 import statistics
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -196,8 +197,7 @@ class Supervisor:
 
     # -- the whole run ------------------------------------------------------------------------
     def run(self, specs: list[RoleSpec]) -> int:
-        previous = {sig: signal.signal(sig, self._on_signal)
-                    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        previous = self._catch_signals()
         try:
             return self._run(specs)
         except (KeyboardInterrupt, Interrupted):
@@ -328,11 +328,15 @@ class Supervisor:
         lines = [f"esync-cluster: stalled: no worker finished a round for {quiet_for:.0f} s "
                  f"(stall timeout {stall.limit():.0f} s); stopping every process."]
         alive = [h for h in self.handles if h.poll() is None]
-        # The likeliest culprit first: a stopped process, then the worker idle the longest.
+        tails = {h.name: h.tail() for h in alive}
+
+        # The likeliest culprit first: a stopped process, one whose log shows an error (stuck on
+        # its way out), then the worker idle the longest.
         def rank(h):
             stopped = "stopped" in h.describe()
+            errored = any(word in tails[h.name] for word in ("Traceback", "Error"))
             idle = stall.idle(h.name, now) if h.kind == "worker" else -1.0
-            return (not stopped, h.kind != "worker", -idle)
+            return (not stopped, not errored, h.kind != "worker", -idle)
         lines.append("stuck processes (likeliest cause first):")
         for h in sorted(alive, key=rank):
             what = h.describe() or "running"
@@ -345,7 +349,7 @@ class Supervisor:
             lines.append("the state server's view of the workers:")
             lines.append(self.state_view())
         for h in sorted(alive, key=rank)[:1]:
-            lines.append(f"--- last lines of {h.log or h.name} ---\n{h.tail()}")
+            lines.append(f"--- last lines of {h.log or h.name} ---\n{tails[h.name]}")
         return "\n".join(lines)
 
     # -- the end ------------------------------------------------------------------------------
@@ -385,6 +389,17 @@ class Supervisor:
                 handle.terminate(hard=True)
         finally:
             self._stopping = False
+
+    def _catch_signals(self) -> dict:
+        """Stop on SIGINT, SIGTERM and SIGHUP, except those ignored on purpose (``nohup``, a
+        background job of a script); only the main thread can set handlers."""
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        previous = {}
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(sig) != signal.SIG_IGN:
+                previous[sig] = signal.signal(sig, self._on_signal)
+        return previous
 
     def _on_signal(self, signum, frame) -> None:
         self.signalled = signum

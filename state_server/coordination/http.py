@@ -63,7 +63,8 @@ def error_response(message: str, field: str | None = None, status: int = 400) ->
     return JsonResponse({"error": message, "field": field}, status=status)
 
 
-def read_fields(request, limit: int | None = None) -> dict:
+def read_fields(request, limit: int | None = None,
+                max_containers: int = MAX_JSON_CONTAINERS) -> dict:
     """The request's fields: query string for GET, else a JSON object or a form body.
 
     The declared size is checked before anything is read; at most ``limit`` bytes are parsed.
@@ -85,7 +86,7 @@ def read_fields(request, limit: int | None = None) -> dict:
         if len(body) > limit:
             raise FieldError(ERR_BODY_TOO_LARGE.format(limit=limit), None, 413)
         if request.content_type == "application/json" or body.lstrip()[:1] == b"{":
-            return _json_fields(body)
+            return _json_fields(body, max_containers)
         return {key: request.POST.get(key) for key in request.POST}
     except RequestDataTooBig:
         raise FieldError(ERR_BODY_TOO_LARGE.format(limit=limit), None, 413) from None
@@ -98,9 +99,9 @@ def _detail(exc: Exception) -> str:
     return _short(text.encode("ascii", "backslashreplace").decode("ascii"), 120)
 
 
-def _json_fields(body: bytes) -> dict:
-    if body.count(b"[") + body.count(b"{") > MAX_JSON_CONTAINERS:
-        raise FieldError(ERR_BODY_NESTED.format(limit=MAX_JSON_CONTAINERS))
+def _json_fields(body: bytes, max_containers: int = MAX_JSON_CONTAINERS) -> dict:
+    if body.count(b"[") + body.count(b"{") > max_containers:
+        raise FieldError(ERR_BODY_NESTED.format(limit=max_containers))
     try:
         data = json.loads(body or b"{}")
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
@@ -216,10 +217,12 @@ def check_token(given: str | None) -> None:
         raise FieldError(ERR_TOKEN_WRONG, "token", 403)
 
 
-def api(method: str, *, changes_state: bool, max_body: str = "ESYNC_STATE_MAX_BODY"):
+def api(method: str, *, changes_state: bool, max_body: str = "ESYNC_STATE_MAX_BODY",
+        max_containers: int = MAX_JSON_CONTAINERS):
     """Wrap a view ``view(request, fields, job=...) -> dict`` into a JSON API endpoint.
 
-    ``max_body`` names the setting that limits the body of this endpoint.
+    ``max_body`` names the setting that limits the body of this endpoint; ``max_containers``
+    bounds the arrays and objects of a JSON body (and so its nesting).
     """
 
     def decorate(view):
@@ -236,7 +239,7 @@ def api(method: str, *, changes_state: bool, max_body: str = "ESYNC_STATE_MAX_BO
                 from_header = header_token(request)
                 if changes_state and from_header is not None:
                     check_token(from_header)              # before the body is even read
-                fields = read_fields(request, getattr(settings, max_body))
+                fields = read_fields(request, getattr(settings, max_body), max_containers)
                 if changes_state and from_header is None:
                     check_token(field_token(fields))
                 return JsonResponse(view(request, fields, **kwargs), safe=False)

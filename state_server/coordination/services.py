@@ -18,10 +18,12 @@ from its rows: configuration, every worker's round and state, the last round rep
 """
 from __future__ import annotations
 
+import json
 import logging
 import threading
 
 from django.db import close_old_connections, connection, transaction
+from django.utils import timezone
 
 from esync.policy import AUTO, Changes, JobRegistry, JobState
 
@@ -120,27 +122,46 @@ class Persister:
 
 
 def _write(job: JobState, changes: Changes) -> None:
-    """One job's changes, inside the writer's transaction."""
+    """One job's changes, inside the writer's transaction.
+
+    Plain SQL with ``executemany``: a round report of 256 workers writes 513 rows, which the
+    ORM's per-instance machinery would spend a hundred times longer preparing than SQLite
+    spends writing.
+    """
     job_id, run = job.storage_id, job.run
     Job.objects.filter(pk=job_id, run=run, current_round__lt=changes.current_round).update(
         current_round=changes.current_round)
-    if changes.workers:
-        WorkerState.objects.bulk_create(
-            [WorkerState(job_id=job_id, run=run, rank=rank, **fields)
-             for rank, fields in changes.workers.items()],
-            update_conflicts=True, unique_fields=["job", "rank"],
-            update_fields=["run", "round", "k", "c", "ready", "planned_k", "overhead", "round_k",
-                           "round_compute"])
-    if changes.records:
-        WorkerRound.objects.bulk_create(
-            [WorkerRound(job_id=job_id, run=run, round=r.round, rank=r.rank, k=r.k, c=r.c,
-                         compute=r.compute, wait=r.wait) for r in changes.records],
-            update_conflicts=True, unique_fields=["job", "run", "round", "rank"],
-            update_fields=["k", "c", "compute", "wait"])
-    if changes.reports:
-        RoundReport.objects.bulk_create(
-            [RoundReport(job_id=job_id, run=run, round=t, plan=plan)
-             for t, plan in changes.reports], ignore_conflicts=True)
+    now = connection.ops.adapt_datetimefield_value(timezone.now())
+    with connection.cursor() as cursor:
+        if changes.workers:
+            cursor.executemany(_UPSERT_WORKER_STATE, [
+                (job_id, run, rank, w["round"], w["k"], w["c"], w["ready"], w["planned_k"],
+                 w["overhead"], w["round_k"], w["round_compute"])
+                for rank, w in changes.workers.items()])
+        if changes.records:
+            cursor.executemany(_UPSERT_WORKER_ROUND, [
+                (job_id, run, r.round, r.rank, r.k, r.c, r.compute, r.wait, now)
+                for r in changes.records])
+        if changes.reports:
+            cursor.executemany(_INSERT_ROUND_REPORT, [
+                (job_id, run, t, json.dumps(plan), now) for t, plan in changes.reports])
+
+
+_UPSERT_WORKER_STATE = (
+    f"INSERT INTO {WorkerState._meta.db_table} (job_id, run, rank, round, k, c, ready, "
+    "planned_k, overhead, round_k, round_compute) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, "
+    "%s, %s) ON CONFLICT (job_id, rank) DO UPDATE SET run = excluded.run, round = excluded.round, "
+    "k = excluded.k, c = excluded.c, ready = excluded.ready, planned_k = excluded.planned_k, "
+    "overhead = excluded.overhead, round_k = excluded.round_k, "
+    "round_compute = excluded.round_compute")
+_UPSERT_WORKER_ROUND = (
+    f"INSERT INTO {WorkerRound._meta.db_table} (job_id, run, round, rank, k, c, compute, wait, "
+    "recorded_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (job_id, run, round, "
+    "rank) DO UPDATE SET k = excluded.k, c = excluded.c, compute = excluded.compute, "
+    "wait = excluded.wait")
+_INSERT_ROUND_REPORT = (
+    f"INSERT INTO {RoundReport._meta.db_table} (job_id, run, round, plan, recorded_at) "
+    "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (job_id, run, round) DO NOTHING")
 
 
 persister = Persister()
@@ -235,9 +256,9 @@ def worker_enter_round(*, job: str, rank: int, round: int) -> dict:
     return {"round": entry.current_round}
 
 
-def job_report_round(*, job: str, t: int, k: list, c: list) -> dict:
-    """Rank 0's report of round ``t`` (every worker's k and c): committed, then the plan."""
+def job_report_rounds(*, job: str, reports: list) -> dict:
+    """Rank 0's report(s) of rounds (every worker's k and c): committed, then the last plan."""
     live = job_live(name=job)
-    report = live.report_round(t, k, c)
+    report = live.report_rounds(reports)
     persister.persist(live)
     return {"t": report.t, "plan": report.plan}

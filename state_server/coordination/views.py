@@ -9,6 +9,8 @@ call of an older round changes nothing. ``rounds`` is the one-call-per-round rep
 """
 from django.http import JsonResponse
 
+from esync.policy import MAX_BATCH
+
 from . import selectors, services
 from .http import (ERR_NOT_FOUND, ERR_SERVER, FieldError, api, epsilon_field, error_response,
                    float_field, int_field, list_field, text_field)
@@ -18,6 +20,7 @@ DEFAULT_JOB = "default"
 ERR_RUN = "run must be an integer >= 1"
 ERR_KEY = "key (the client's id of this init, to make a retry harmless) must be 1 to 64 characters"
 ERR_BAD_REQUEST = "bad request: {detail}"
+ERR_BATCH_ITEM = "each item of rounds must be an object {\"t\": t, \"k\": [...], \"c\": [...]}"
 HINT_NO_DEFAULT_JOB = ("the job 'default' has not been initialised yet: POST /init/ creates it; "
                        "named jobs live at /jobs/<job>/")
 ERR_FORBIDDEN = "forbidden"
@@ -61,12 +64,24 @@ def reset(request, fields, job=DEFAULT_JOB):
     return services.worker_enter_round(job=job, rank=rank, round=round_)
 
 
-@api("POST", changes_state=True, max_body="ESYNC_STATE_MAX_ROUNDS_BODY")
+@api("POST", changes_state=True, max_body="ESYNC_STATE_MAX_ROUNDS_BODY",
+     max_containers=4 + 3 * MAX_BATCH)
 def rounds(request, fields, job=DEFAULT_JOB):
-    """Rank 0's report of round t: every worker's k and c; answers the plan of every worker."""
+    """Rank 0's report of round t: every worker's k and c; answers the plan of every worker.
+
+    ``{"rounds": [{"t", "k", "c"}, ...]}`` reports several rounds in order in one call (a
+    reporter that fell behind catches up in one transaction); the answer is the last round's.
+    """
+    if "rounds" in fields:
+        batch = []
+        for item in list_field(fields, "rounds"):
+            if not isinstance(item, dict):
+                raise FieldError(ERR_BATCH_ITEM, "rounds")
+            batch.append((int_field(item, "t"), list_field(item, "k"), list_field(item, "c")))
+        return services.job_report_rounds(job=job, reports=batch)
     t = int_field(fields, "t")
-    return services.job_report_round(job=job, t=t, k=list_field(fields, "k"),
-                                     c=list_field(fields, "c"))
+    return services.job_report_rounds(job=job, reports=[
+        (t, list_field(fields, "k"), list_field(fields, "c"))])
 
 
 @api("GET", changes_state=False)

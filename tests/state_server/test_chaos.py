@@ -158,7 +158,8 @@ def kill_mid_request(pids: list[int], port: int, rng: random.Random) -> bool:
 @pytest.mark.timeout(420)
 def test_job_finishes_with_every_round_logged_when_the_state_server_is_killed_10_times(
         tmp_path, launcher_reaper):
-    rng = random.Random(int.from_bytes(os.urandom(4), "little"))
+    seed = int(os.environ.get("ESYNC_CHAOS_SEED") or int.from_bytes(os.urandom(4), "little"))
+    rng = random.Random(seed)                 # a failure names its seed: ESYNC_CHAOS_SEED=...
     data_dir = write_fashion_dir(tmp_path / "data")
     launcher = launcher_reaper("-ld", tmp_path, "-dd", data_dir, "--quiet", "-m", "esync",
                                "--workers", 2, "--slowdown", "1,2", "-b", 8,
@@ -183,4 +184,5 @@ def test_job_finishes_with_every_round_logged_when_the_state_server_is_killed_10
     rounds = {device: [entry["num_iters"] for entry in entries] for device, entries in logs.items()}
     assert (launcher.returncode, in_flight >= 3, rounds) == (
         0, True, {"cpu0": list(range(1, ROUNDS + 1)), "cpu1": list(range(1, ROUNDS + 1))}), (
-        f"in flight: {in_flight}\n{err[-4000:]}")
+        f"seed {seed}, kills at rounds {kill_rounds}, {in_flight} with a request in flight\n"
+        f"{err[-4000:]}")

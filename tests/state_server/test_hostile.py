@@ -29,7 +29,8 @@ def server(tmp_path_factory):
         session = requests.Session()
         session.headers.update(AUTH)
         session.post(f"{proc.url}/jobs/h/init/", json={"num_workers": 2}).raise_for_status()
-        session.post(f"{proc.url}/jobs/h/apply/", json={"r": 1, "k": 1, "c": 0.2}).raise_for_status()
+        session.post(f"{proc.url}/jobs/h/apply/",
+                     json={"r": 1, "k": 1, "c": 0.2}).raise_for_status()
         session.post(f"{proc.url}/jobs/h/reset/", json={"r": 1, "t": 2}).raise_for_status()
         yield proc
     finally:
@@ -89,7 +90,8 @@ HOSTILE = {
                               b'{"r": "\\ud800", "k": 1, "c": 0.1}'),
     "invalid-utf8-json": ("POST", "/jobs/h/apply/", AUTH | JSON, b'{"r": "\xff\xfe"}'),
     "multipart-without-boundary": ("POST", "/jobs/h/apply/",
-                                   AUTH | {"Content-Type": "multipart/form-data"}, b"r=0&k=1&c=0.1"),
+                                   AUTH | {"Content-Type": "multipart/form-data"},
+                                   b"r=0&k=1&c=0.1"),
     "utf16-form": ("POST", "/jobs/h/apply/",
                    AUTH | {"Content-Type": "application/x-www-form-urlencoded; charset=utf-16"},
                    "r=0&k=1&c=0.1".encode("utf-16")),

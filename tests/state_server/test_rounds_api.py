@@ -115,3 +115,18 @@ def test_a_retried_init_with_the_same_key_starts_no_new_run(client):
 def test_an_init_with_a_new_key_starts_a_new_run(client):
     post(client, "init", {"num_workers": 2, "key": "k1"}, job="d")
     assert post(client, "init", {"num_workers": 2, "key": "k2"}, job="d").json()["run"] == 2
+
+
+def test_a_batch_of_round_reports_records_every_round_and_answers_the_last_plan(client, planned):
+    batch = [{"t": t, "k": [1, 1, 1], "c": [0.02, 0.08, 0.04]} for t in (1, 2, 3)]
+    answer = post(client, "rounds", {"rounds": batch}).json()
+    recorded = sorted(set(WorkerRound.objects.values_list("round", flat=True)))
+    assert (answer, recorded) == ({"t": 3, "plan": [4, 1, 2]}, [1, 2, 3])
+
+
+def test_a_batch_with_one_bad_report_changes_nothing(client, planned):
+    batch = [{"t": 1, "k": [1, 1, 1], "c": [0.02, 0.08, 0.04]},
+             {"t": 2, "k": [1, 1], "c": [0.02, 0.08, 0.04]}]
+    answer = post(client, "rounds", {"rounds": batch})
+    assert (answer.status_code, answer.json()["field"], WorkerRound.objects.count()) == (
+        400, "k", 0)

@@ -25,11 +25,12 @@ DEBUG = os.environ.get("ESYNC_STATE_DEBUG") == "1"
 ALLOWED_HOSTS = [host.strip() for host in os.environ.get("ESYNC_STATE_ALLOWED_HOSTS", "*").split(",")
                  if host.strip()]
 
-INSTALLED_APPS = ["coordination"]
+INSTALLED_APPS = ["coordination", "dashboard"]
 MIDDLEWARE = ["django.middleware.security.SecurityMiddleware", "coordination.http.HeadWithoutBody"]
 ROOT_URLCONF = "esync_state.urls"
 WSGI_APPLICATION = "esync_state.wsgi.application"
-TEMPLATES = []
+# The dashboard's page is the only template (in dashboard/templates/); the API answers JSON.
+TEMPLATES = [{"BACKEND": "django.template.backends.django.DjangoTemplates", "APP_DIRS": True}]
 
 DATABASES = {
     "default": {
@@ -50,9 +51,9 @@ TIME_ZONE = "UTC"
 USE_I18N = False
 
 # Requests are a handful of numbers; anything larger is refused with 413 before it is parsed.
-# A round report carries two numbers per worker (up to 4096 workers).
+# A round report carries two numbers per worker (up to 4096 workers), a batch up to 64 rounds.
 ESYNC_STATE_MAX_BODY = 4096
-ESYNC_STATE_MAX_ROUNDS_BODY = 256 * 1024
+ESYNC_STATE_MAX_ROUNDS_BODY = 2 * 1024 * 1024
 DATA_UPLOAD_MAX_MEMORY_SIZE = ESYNC_STATE_MAX_ROUNDS_BODY
 DATA_UPLOAD_MAX_NUMBER_FIELDS = 32
 

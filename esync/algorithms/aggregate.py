@@ -1,0 +1,161 @@
+"""ESync's aggregation rules: how the workers' model deltas of a round become the next model.
+
+Pure functions on arrays: numpy arrays or MXNet NDArrays alike (only ``+ - * /`` are used),
+no KVStore in here. Notation, for one parameter of N workers: ``start`` is the model every worker
+began the round from, ``delta_i = params_i - start`` what worker i's ``k_i`` local steps did,
+``gl`` the global learning rate (``-gl``).
+
+Rules (``--aggregation``):
+
+``mean``
+    The original ESync (Li et al., "ESync: An Efficient Synchronous Parallel Algorithm for
+    Distributed ML in Heterogeneous Clusters"): ``start + gl * (1/N) * sum_i delta_i``. With
+    unequal ``k_i`` a round is worth about ``mean(k)`` local steps although the fast workers
+    did more.
+``weighted``
+    Deltas weighted by the work behind them: ``start + gl * sum_i w_i delta_i / sum_i w_i`` with
+    ``w_i = k_i`` (equal batch sizes make this the same as weighting by samples).
+``fednova``
+    Normalised averaging (Wang et al., "Tackling the Objective Inconsistency Problem in
+    Heterogeneous Federated Optimization", NeurIPS 2020): each delta divided by its own step
+    count, the average rescaled by the effective step count,
+    ``start + gl * (sum_i p_i k_i) * sum_i p_i (delta_i / k_i)`` with ``p_i`` the worker's share
+    of the data (``1/N`` for the equal shards of ``esync.data.partition``). On non-i.i.d. data it
+    removes the bias towards the objectives of the workers that ran more steps.
+
+With every ``k_i`` equal the three rules give the same model.
+
+The distributed form: the parameter server only sums. Worker i pushes
+``push_weight(rule, k_i) * delta_i``; with every ``k_j`` known from the control vector of the same
+exchange, ``sum_weight(rule, ks) * pulled_sum`` is the rule's aggregated delta (no extra round
+trip).
+
+Outer optimizer (``--outer-momentum M``, ``--nesterov``): the aggregated delta is treated as a
+(negative) pseudo-gradient and momentum is applied to it, as DiLoCo does (Douillard et al.,
+"DiLoCo: Distributed Low-Communication Training of Language Models", 2023: Nesterov momentum 0.9,
+outer learning rate 0.7)::
+
+    buffer <- M * buffer + delta
+    step   <- delta + M * buffer      (Nesterov)      or      buffer      (heavy ball)
+    params <- start + gl * step
+
+With ``M = 0`` the step is the delta itself: the rule alone. Every worker computes the same step
+from the same pulled sums, so the buffer is identical on every worker; it goes into checkpoints.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+RULES = ("mean", "weighted", "fednova")
+
+
+class AggregationError(ValueError):
+    pass
+
+
+def _check(deltas, weights=None) -> None:
+    if not deltas:
+        raise AggregationError("no deltas to aggregate")
+    if weights is not None and len(weights) != len(deltas):
+        raise AggregationError(f"{len(weights)} weights for {len(deltas)} deltas")
+
+
+def mean(start, deltas, global_lr: float = 1.0):
+    """``start + gl * (1/N) * sum_i delta_i`` (the original ESync)."""
+    _check(deltas)
+    return start + global_lr * _total(deltas) / len(deltas)
+
+
+def weighted(start, deltas, weights, global_lr: float = 1.0):
+    """``start + gl * sum_i w_i delta_i / sum_i w_i`` (weights: each worker's k_i or samples)."""
+    _check(deltas, weights)
+    total_weight = float(sum(weights))
+    if total_weight <= 0:
+        raise AggregationError(f"weights must sum to a positive number, got {list(weights)}")
+    return start + global_lr * _total([w * d for w, d in zip(weights, deltas)]) / total_weight
+
+
+def fednova(start, deltas, ks, global_lr: float = 1.0, shares=None):
+    """``start + gl * (sum_i p_i k_i) * sum_i p_i (delta_i / k_i)`` (FedNova, Wang et al. 2020).
+
+    ``shares`` are the ``p_i`` (each worker's fraction of the data); default ``1/N`` each.
+    """
+    _check(deltas, ks)
+    if any(k <= 0 for k in ks):
+        raise AggregationError(f"fednova needs every k_i >= 1, got {list(ks)}")
+    p = [1.0 / len(deltas)] * len(deltas) if shares is None else list(shares)
+    _check(deltas, p)
+    effective_steps = sum(pi * k for pi, k in zip(p, ks))
+    normalised = _total([(pi / k) * d for pi, k, d in zip(p, ks, deltas)])
+    return start + global_lr * effective_steps * normalised
+
+
+def aggregate(rule: str, start, deltas, ks, global_lr: float = 1.0):
+    """The rule by name, with the weights ESync uses (``weighted``: w_i = k_i; ``fednova``: 1/N)."""
+    if rule == "mean":
+        return mean(start, deltas, global_lr)
+    if rule == "weighted":
+        return weighted(start, deltas, ks, global_lr)
+    if rule == "fednova":
+        return fednova(start, deltas, ks, global_lr)
+    raise AggregationError(f"unknown aggregation rule {rule!r}; choose one of: {', '.join(RULES)}")
+
+
+# -- the distributed form: what each worker pushes, and how the pulled sum is scaled ----------------
+
+def push_weight(rule: str, k_i: int) -> float:
+    """Factor worker i applies to its delta before pushing it (the server sums the pushes)."""
+    if rule == "mean":
+        return 1.0
+    if rule == "weighted":
+        return float(k_i)
+    if rule == "fednova":
+        return 1.0 / k_i
+    raise AggregationError(f"unknown aggregation rule {rule!r}; choose one of: {', '.join(RULES)}")
+
+
+def sum_weight(rule: str, ks) -> float:
+    """Factor that turns the pulled sum of pushes into the rule's aggregated delta."""
+    n = len(ks)
+    if rule == "mean":
+        return 1.0 / n
+    if rule == "weighted":
+        return 1.0 / float(sum(ks))
+    if rule == "fednova":
+        return (sum(ks) / n) / n          # effective steps sum(p_i k_i), times p_i = 1/N
+    raise AggregationError(f"unknown aggregation rule {rule!r}; choose one of: {', '.join(RULES)}")
+
+
+# -- the outer optimizer ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class OuterOptimizer:
+    """Momentum (``nesterov=False``) or Nesterov momentum on the aggregated delta; 0: none."""
+
+    momentum: float = 0.0
+    nesterov: bool = False
+
+    @property
+    def has_state(self) -> bool:
+        return self.momentum > 0
+
+    def step(self, delta, buffer):
+        """``(step, new_buffer)`` for one parameter; ``buffer`` is None when there is no state."""
+        if not self.has_state:
+            return delta, buffer
+        new_buffer = self.momentum * buffer + delta
+        if self.nesterov:
+            return delta + self.momentum * new_buffer, new_buffer
+        return new_buffer, new_buffer
+
+
+def apply_step(start, step, global_lr: float = 1.0):
+    """``start + gl * step``: the next global model."""
+    return start + global_lr * step
+
+
+def _total(arrays):
+    total = arrays[0]
+    for a in arrays[1:]:
+        total = total + a
+    return total

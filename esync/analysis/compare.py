@@ -1,0 +1,100 @@
+"""Figures that compare named rows (a mode and its variant, e.g. ``ESync (fednova)``) across
+network settings: what the benchmark report shows. The drawer's figures compare mode folders.
+
+Every function draws into a matplotlib ``Figure`` it is given and returns whether it drew
+anything, so callers and tests can read the plotted data back from the figure's axes.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+from matplotlib.figure import Figure
+
+from esync import modes
+from esync.analysis.table import accuracy_series
+
+# Variants of one mode share its colour; line styles and markers tell them apart.
+STYLES = ("-", "--", "-.", ":")
+MARKERS = (".", "x", "^", "s")
+
+
+def row_styles(names: list[str]) -> dict[str, dict]:
+    """Matplotlib keyword arguments per row: the mode's colour, one style per variant."""
+    seen: dict[str, int] = {}
+    found = {}
+    for name in names:
+        family = modes.family(name)
+        index = seen.get(family, 0)
+        seen[family] = index + 1
+        found[name] = {"color": modes.colour(family, "0.5"),
+                       "linestyle": STYLES[index % len(STYLES)],
+                       "marker": MARKERS[index % len(MARKERS)]}
+    return found
+
+
+def draw_accuracy_rows(fig: Figure, summaries: dict[str, dict], labels: dict[str, str], *,
+                       title: str, target: float | None = None) -> bool:
+    """Test accuracy over time of each row (standalone SGD's in black, like every row)."""
+    styles = row_styles(list(summaries))
+    ax = fig.add_subplot()
+    drawn = False
+    for name, summary in summaries.items():
+        series = accuracy_series(summary)
+        if series is None:
+            continue
+        pairs = sorted(zip(series[0], series[1]))
+        ax.plot([t for t, _ in pairs], [a for _, a in pairs], gid=name,
+                markersize=4, label=labels.get(name, name), **styles[name])
+        drawn = True
+    if not drawn:
+        return False
+    if target is not None:
+        ax.axhline(target, color="0.6", linewidth=0.8, linestyle=":", gid="target",
+                   label=f"target {target:g}")
+    ax.set_xlabel("Time (s)")
+    ax.set_ylabel("Test accuracy")
+    ax.set_ylim(0, 1)
+    ax.set_xlim(left=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="x-small")
+    ax.set_title(title)
+    return True
+
+
+def draw_setting_bars(fig: Figure, values: dict[str, dict[str, float | None]],
+                      labels: dict[str, str], *, ylabel: str, title: str) -> bool:
+    """Grouped bars: one group per row, one bar per network setting (``values[row][setting]``).
+
+    A missing value leaves a gap (NaN), never a misleading zero.
+    """
+    rows = [r for r in values if any(v is not None for v in values[r].values())]
+    if not rows:
+        return False
+    settings = list(dict.fromkeys(s for r in rows for s in values[r]))
+    width = 0.8 / len(settings)
+    ax = fig.add_subplot()
+    for i, setting in enumerate(settings):
+        xs = [j + (i - (len(settings) - 1) / 2) * width for j in range(len(rows))]
+        heights = [values[r].get(setting) for r in rows]
+        ax.bar(xs, [float("nan") if h is None else h for h in heights], width=width,
+               color=[modes.colour(modes.family(r), "0.5") for r in rows],
+               hatch=None if i == 0 else "//", edgecolor="k", linewidth=0.3,
+               label=setting, gid=setting)
+    ax.set_xticks(range(len(rows)), [labels.get(r, r) for r in rows], rotation=30, ha="right",
+                  fontsize="small")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize="small")
+    return True
+
+
+def save(fig: Figure, folder: Path, stem: str) -> list[Path]:
+    """PNG and SVG (text kept as text) of ``fig``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = [folder / f"{stem}.png", folder / f"{stem}.svg"]
+    fig.tight_layout()
+    with matplotlib.rc_context({"svg.fonttype": "none"}):
+        for path in paths:
+            fig.savefig(path, dpi=120)
+    return paths

@@ -1,0 +1,5 @@
+import sys
+
+from esync.benchmark import main
+
+sys.exit(main())

@@ -1,0 +1,365 @@
+"""The benchmark's command line: options, their checks, and the command spelled out again."""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import shlex
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import config
+from esync import modes
+from esync.cli import bounded_number
+from esync.errors import UsageError
+
+PROG = "esync-benchmark"
+POLICIES = ("dynamic", "planned", "both")
+NETS = ("loopback", "netns", "both")
+# ESync aggregation rows of the default benchmark (issue 14's prototype: DiLoCo's outer Nesterov
+# momentum 0.9 with an outer learning rate of 0.7 on the k-weighted average).
+DEFAULT_AGGREGATIONS = "mean,fednova,weighted+nesterov=0.9+gl=0.7"
+# -l/-ll are lr x the gradient SUMMED over the batch (the original's meaning): 0.05 on the batch
+# mean at -b 64 is 0.00078 summed. Three values a factor ~3.3 apart around it.
+DEFAULT_LR_GRID = "0.0003,0.001,0.003"
+AGGREGATION_RULES = ("mean", "weighted", "fednova")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+_positive_int = bounded_number(int, low=0, strict=True, must="a positive integer")
+_non_negative_int = bounded_number(int, low=0, must="an integer >= 0")
+_positive_float = bounded_number(float, low=0, strict=True, must="a positive number")
+_target = bounded_number(float, low=0, strict=True, high=1, must="a number in (0, 1]")
+
+
+# ----------------------------------------------------------------------------- list options
+
+def parse_modes(text: str) -> list[str]:
+    """``"esync,sync"`` -> ``["esync", "sync"]`` in the paper's order; bad names are named."""
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise UsageError("argument --modes: give at least one of " + ", ".join(modes.NAMES))
+    unknown = [m for m in items if m not in modes.NAMES]
+    if unknown:
+        raise UsageError(f"argument --modes: {', '.join(map(repr, unknown))} is not a mode; "
+                         f"choose from {', '.join(modes.NAMES)} (comma-separated)")
+    return [m for m in modes.NAMES if m in items]
+
+
+def parse_slowdowns(text: str, workers: int) -> list[float]:
+    """One factor >= 1 per worker (or one for all), as the launcher takes them."""
+    try:
+        values = [float(t) for t in text.split(",")]
+    except ValueError:
+        raise UsageError(f"argument --slowdown: {text!r} is not a comma-separated list of "
+                         "numbers") from None
+    if len(values) == 1:
+        values *= workers
+    if len(values) != workers:
+        raise UsageError(f"argument --slowdown: {len(values)} factors for {workers} workers "
+                         "(give one per worker, or one for all)")
+    if any(not (v >= 1 and math.isfinite(v)) for v in values):
+        raise UsageError(f"argument --slowdown: factors must be numbers >= 1, got {text!r}")
+    return values
+
+
+def parse_lr_grid(text: str) -> list[float] | None:
+    """``"0.001,0.003"`` -> sorted distinct values; ``"none"`` -> None (no tuning)."""
+    if text.strip().lower() in ("none", "off", ""):
+        return None
+    try:
+        values = sorted({float(t) for t in text.split(",") if t.strip()})
+    except ValueError:
+        raise UsageError(f"argument --tune-lr: {text!r} is not a comma-separated list of "
+                         "learning rates (or 'none')") from None
+    if not values or any(not (v > 0 and math.isfinite(v)) for v in values):
+        raise UsageError(f"argument --tune-lr: learning rates must be positive numbers, "
+                         f"got {text!r}")
+    return values
+
+
+@dataclass(frozen=True)
+class Aggregation:
+    """One ESync row: an aggregation rule, optionally with outer momentum and -gl."""
+    rule: str
+    momentum: float = 0.0
+    nesterov: bool = False
+    global_lr: float | None = None
+
+    @property
+    def slug(self) -> str:
+        """Part of the row name: ``weighted-nesterov0.9-gl0.7``."""
+        parts = [self.rule]
+        if self.momentum:
+            parts.append(f"{'nesterov' if self.nesterov else 'momentum'}{self.momentum:g}")
+        if self.global_lr is not None:
+            parts.append(f"gl{self.global_lr:g}")
+        return "-".join(parts)
+
+    @property
+    def label(self) -> str:
+        """Part of the row label: ``weighted + Nesterov 0.9, gl 0.7``."""
+        text = self.rule
+        if self.momentum:
+            text += f" + {'Nesterov' if self.nesterov else 'momentum'} {self.momentum:g}"
+        if self.global_lr is not None:
+            text += f", gl {self.global_lr:g}"
+        return text
+
+    def argv(self) -> list[str]:
+        argv = ["--aggregation", self.rule]
+        if self.momentum:
+            argv += ["--outer-momentum", f"{self.momentum:g}"]
+            if self.nesterov:
+                argv.append("--nesterov")
+        if self.global_lr is not None:
+            argv += ["-gl", f"{self.global_lr:g}"]
+        return argv
+
+    @property
+    def is_plain_mean(self) -> bool:
+        return self == Aggregation("mean")
+
+
+_PART = re.compile(r"(nesterov|momentum|gl)=([0-9.eE+-]+)")
+
+
+def parse_aggregations(text: str) -> list[Aggregation]:
+    """``"mean,fednova,weighted+nesterov=0.9+gl=0.7"`` -> one ``Aggregation`` per ESync row."""
+    found = []
+    for item in (t.strip() for t in text.split(",")):
+        if not item:
+            continue
+        rule, *extras = item.split("+")
+        if rule not in AGGREGATION_RULES:
+            raise UsageError(f"argument --aggregations: {rule!r} in {item!r} is not a rule; "
+                             f"choose from {', '.join(AGGREGATION_RULES)}, e.g. "
+                             f"{DEFAULT_AGGREGATIONS!r}")
+        fields = {"rule": rule}
+        for extra in extras:
+            match = _PART.fullmatch(extra.strip())
+            value = _float_or_none(match.group(2)) if match else None
+            if value is None or value < 0 or (match.group(1) == "gl" and value == 0):
+                raise UsageError(f"argument --aggregations: {extra!r} in {item!r} is not "
+                                 "nesterov=M, momentum=M or gl=G with a number M >= 0, G > 0")
+            if match.group(1) == "gl":
+                fields["global_lr"] = value
+            else:
+                fields.update(momentum=value, nesterov=match.group(1) == "nesterov")
+        agg = Aggregation(**fields)
+        if agg not in found:
+            found.append(agg)
+    if not found:
+        raise UsageError(f"argument --aggregations: give at least one rule, e.g. "
+                         f"{DEFAULT_AGGREGATIONS!r}")
+    return found
+
+
+def _float_or_none(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+_RATE = re.compile(r"\d+(\.\d+)?(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps)", re.I)
+
+
+def parse_rates(text: str, flag: str) -> list[str]:
+    """tc rates (``100mbit``) comma-separated, or ``auto``."""
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [t for t in items if not _RATE.fullmatch(t)]
+    if not items or bad:
+        raise UsageError(f"argument {flag}: {text!r} is not 'auto' or tc rates such as 100mbit "
+                         "(comma-separated, one per worker host or one for all)")
+    return items
+
+
+# ----------------------------------------------------------------------------- the parser
+
+def _cluster_defaults() -> dict:
+    from esync.launch import CLUSTER_DEFAULTS
+    return CLUSTER_DEFAULTS
+
+
+def build_parser() -> argparse.ArgumentParser:
+    defaults = _cluster_defaults()
+    from esync.analysis.summary import HelpFormatter
+    parser = _Parser(prog=PROG, formatter_class=HelpFormatter,
+                     description="Run every mode on the same emulated cluster (tuned learning "
+                                 "rates, two network settings) and write one report.")
+    c = parser.add_argument_group("cluster (the same for every mode)")
+    c.add_argument("--workers", type=_positive_int, default=4, help="number of workers")
+    c.add_argument("--slowdown", default="1,1,4,8",
+                   help="slow-down factor per worker (comma-separated, or one for all)")
+    c.add_argument("-n", "--network", default=defaults["network"], help="network")
+    c.add_argument("-b", "--batch-size", type=_positive_int, default=config.batch_size,
+                   help="samples per iteration on each device")
+    c.add_argument("-l", "--learning-rate", type=_positive_float,
+                   default=defaults["learning_rate"],
+                   help="SGD learning rate of sync, async, dcasgd and local (lr x the gradient "
+                        "summed over the batch) when --tune-lr is none")
+    c.add_argument("-ll", "--local-lr", type=_positive_float, default=defaults["local_lr"],
+                   help="learning rate of ESync's local iterations when --tune-lr is none")
+    c.add_argument("-dd", "--data-dir", default=config.data_dir,
+                   help="folder holding fashion-mnist/")
+    c.add_argument("--seed", type=_non_negative_int, default=config.seed,
+                   help="data partition, shuffling and initial weights")
+    n = parser.add_argument_group("network settings (esync-cluster --net ...)")
+    n.add_argument("--net", choices=NETS, default="both",
+                   help="loopback: free networking; netns: one network namespace per host with "
+                        "shaped links (needs root); both: the two side by side (falls back to "
+                        "loopback with a notice when namespaces are not possible here)")
+    n.add_argument("--bandwidth", default="auto",
+                   help="egress rate of each worker host under netns (tc rate, e.g. 100mbit; "
+                        "comma-separated per host); auto: the rate whose compute-to-"
+                        "communication ratio matches the reference cluster (see the report)")
+    n.add_argument("--server-bandwidth", default="auto",
+                   help="egress rate of the ps host under netns; auto: the worker hosts' rate")
+    n.add_argument("--hosts", default=None,
+                   help="devices per host under netns, e.g. 2,2 (default: one host per worker)")
+    r = parser.add_argument_group("what to run")
+    r.add_argument("--budget", type=_positive_float, default=60.0,
+                   help="training seconds per run (the launcher's --max-seconds)")
+    r.add_argument("--modes", default=",".join(modes.NAMES),
+                   help="comma-separated subset of " + ", ".join(modes.NAMES))
+    r.add_argument("--aggregations", default=DEFAULT_AGGREGATIONS,
+                   help="ESync rows, one per item: RULE[+nesterov=M|+momentum=M][+gl=G] with "
+                        "RULE one of " + ", ".join(AGGREGATION_RULES))
+    r.add_argument("--niid", action=argparse.BooleanOptionalAction, default=True,
+                   help="also run the cluster modes on by-class data (-s 1), in the first "
+                        "network setting")
+    r.add_argument("--repeats", type=_positive_int, default=1,
+                   help="run everything R times (cells: mean ± std)")
+    r.add_argument("--policy", choices=POLICIES, default="planned",
+                   help="ESync's state-server policy; both: every ESync row twice")
+    r.add_argument("--target", type=_target, default=0.85,
+                   help="test accuracy whose time to reach gives the speedup")
+    r.add_argument("--tune-lr", default=DEFAULT_LR_GRID,
+                   help="learning-rate grid (lr x the gradient summed over the batch): a short "
+                        "run of every row with each value, then the full runs with each row's "
+                        "best; none: use -l/-ll")
+    r.add_argument("--tune-budget", type=_positive_float, default=12.0,
+                   help="training seconds of each tuning run")
+    r.add_argument("--local-eval-every", type=_positive_int, default=100,
+                   help="standalone run: evaluate every this many iterations (main.py -e)")
+    r.add_argument("--job-timeout", type=_positive_float, default=None,
+                   help="stop a run that lasts longer than this many seconds "
+                        "(default: 2 x its budget + 300)")
+    o = parser.add_argument_group("output")
+    o.add_argument("--out", default=None,
+                   help="report folder (default: reports/benchmark-<timestamp>/)")
+    o.add_argument("--overwrite", action="store_true",
+                   help="reuse a non-empty --out folder: each run's log folder is deleted "
+                        "before the run, the report files are replaced")
+    return parser
+
+
+def parse_args(argv) -> argparse.Namespace:
+    args = build_parser().parse_args(argv)
+    args.mode_list = parse_modes(args.modes)
+    args.slowdowns = parse_slowdowns(args.slowdown, args.workers)
+    args.aggregation_list = parse_aggregations(args.aggregations)
+    args.lr_grid = parse_lr_grid(args.tune_lr)
+    args.bandwidths = None if args.bandwidth == "auto" else parse_rates(args.bandwidth,
+                                                                         "--bandwidth")
+    args.server_rate = (None if args.server_bandwidth == "auto"
+                        else parse_rates(args.server_bandwidth, "--server-bandwidth")[0])
+    from esync.models import NETWORKS
+    if args.network not in NETWORKS:
+        raise UsageError(f"argument -n/--network: {args.network!r} is not a network; choose "
+                         f"one of {', '.join(NETWORKS)}")
+    from esync.data import FASHION_FILES, FASHION_SUBDIR
+    folder = Path(args.data_dir) / FASHION_SUBDIR
+    missing = [f for pair in FASHION_FILES.values() for f in pair if not (folder / f).exists()]
+    if missing:
+        raise UsageError(f"data folder {folder} lacks {', '.join(missing)}: run "
+                         f"`python scripts/prepare_data.py --data-dir {args.data_dir}`")
+    check_launcher_support(args)
+    if args.out is None:
+        args.out = str(Path("reports") / f"benchmark-{datetime.now():%Y%m%d-%H%M%S}")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"argument --out: {out} exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()) and not args.overwrite:
+        raise UsageError(f"argument --out: {out} already holds files (an earlier benchmark?); "
+                         "choose another --out or pass --overwrite")
+    return args
+
+
+# ----------------------------------------------------------------------------- launcher support
+
+def launcher_flags() -> set[str]:
+    """The option strings esync-cluster accepts in this checkout."""
+    from esync.launch import build_parser as launcher_parser
+    return set(launcher_parser()._option_string_actions)
+
+
+def netns_possible(flags: set[str]) -> str | None:
+    """None when namespaces can be used here, else why not (one phrase)."""
+    import shutil
+    if "--net" not in flags:
+        return "this checkout's esync-cluster has no --net option"
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    if shutil.which("ip") is None or shutil.which("tc") is None:
+        return "the ip and tc commands (iproute2) are missing"
+    return None
+
+
+def check_launcher_support(args) -> None:
+    """Refuse options this checkout's launcher cannot run; pick the network settings."""
+    flags = launcher_flags()
+    args.aggregation_flags = "--aggregation" in flags
+    if not args.aggregation_flags and "esync" in args.mode_list and any(
+            not a.is_plain_mean for a in args.aggregation_list):
+        raise UsageError("argument --aggregations: this checkout's esync-cluster has no "
+                         "--aggregation option; use --aggregations mean")
+    why_not = netns_possible(flags)
+    args.net_notice = None
+    if args.net == "netns" and why_not:
+        raise UsageError(f"argument --net netns: {why_not}; use --net loopback")
+    if args.net == "both" and why_not:
+        args.net_notice = f"shaped-link setting left out: {why_not}"
+    args.net_list = (["loopback"] if args.net == "loopback" or (args.net == "both" and why_not)
+                     else ["netns"] if args.net == "netns" else ["loopback", "netns"])
+    if args.hosts is not None and "netns" not in args.net_list:
+        raise UsageError("argument --hosts: only with namespaces (--net netns or both)")
+
+
+def canonical_command(args) -> str:
+    """The command with every option spelled out: reruns the same benchmark."""
+    argv = [PROG, "--workers", str(args.workers), "--slowdown", args.slowdown,
+            "-n", args.network, "-b", str(args.batch_size), "-l", repr(args.learning_rate),
+            "-ll", repr(args.local_lr), "--seed", str(args.seed),
+            "--net", args.net, "--bandwidth", args.bandwidth,
+            "--server-bandwidth", args.server_bandwidth,
+            "--budget", f"{args.budget:g}", "--modes", ",".join(args.mode_list),
+            "--aggregations", ",".join(_aggregation_text(a) for a in args.aggregation_list),
+            "--niid" if args.niid else "--no-niid", "--repeats", str(args.repeats),
+            "--policy", args.policy, "--target", f"{args.target:g}",
+            "--tune-lr", "none" if args.lr_grid is None else ",".join(f"{v:g}"
+                                                                      for v in args.lr_grid),
+            "--tune-budget", f"{args.tune_budget:g}",
+            "--local-eval-every", str(args.local_eval_every), "--out", str(args.out)]
+    if args.hosts:
+        argv += ["--hosts", args.hosts]
+    if Path(args.data_dir).resolve() != Path(config.data_dir).resolve():
+        argv += ["-dd", str(args.data_dir)]
+    return shlex.join(argv)
+
+
+def _aggregation_text(a: Aggregation) -> str:
+    text = a.rule
+    if a.momentum:
+        text += f"+{'nesterov' if a.nesterov else 'momentum'}={a.momentum:g}"
+    if a.global_lr is not None:
+        text += f"+gl={a.global_lr:g}"
+    return text

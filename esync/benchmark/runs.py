@@ -1,0 +1,148 @@
+"""Running the benchmark's subprocesses one after the other, with progress and clean stops."""
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from esync.benchmark.plan import REPO, Job, child_env
+from esync.procs import die_with_parent, kill_group
+
+PROG = "esync-benchmark"
+TAIL_LINES = 25
+
+
+class Progress:
+    """Which run, its elapsed time: a tqdm bar on a terminal, a plain line every 15 s otherwise."""
+
+    def __init__(self, total: int, stream=None):
+        self.total, self.stream = total, stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self.start = time.monotonic()
+        self.bar = None
+        self.last_line = 0.0
+        self.index = 0
+        if self.tty:
+            from tqdm import tqdm
+            try:
+                size = os.get_terminal_size(self.stream.fileno())
+            except (OSError, ValueError, AttributeError):
+                size = os.terminal_size((0, 0))
+            # A pseudo-terminal that reports a 0x0 size would get no bar at all from tqdm.
+            sized = size.columns > 0 and size.lines > 0
+            self.bar = tqdm(total=total, unit="run", file=self.stream, dynamic_ncols=sized,
+                            ncols=None if sized else 100, nrows=None if sized else 24,
+                            bar_format="{desc} |{bar}| {n_fmt}/{total_fmt} runs{postfix}")
+
+    def _line(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.write(f"{PROG}: {text}", file=self.stream)
+        else:
+            print(f"{PROG}: {text}", file=self.stream, flush=True)
+
+    def _tag(self, job: Job) -> str:
+        return f"[{self.index}/{self.total}] {job.tag}"
+
+    def begin(self, job: Job) -> None:
+        self.index += 1
+        self.last_line = time.monotonic()
+        if self.bar is not None:
+            self.bar.set_description_str(self._tag(job))
+            self.bar.set_postfix_str("starting")
+        else:
+            self._line(f"{self._tag(job)}: started")
+
+    def tick(self, job: Job, elapsed: float) -> None:
+        now = time.monotonic()
+        total = now - self.start
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"{elapsed:.0f}s in this run, {total:.0f}s in all")
+        elif now - self.last_line >= 15:
+            self.last_line = now
+            self._line(f"{self._tag(job)}: {elapsed:.0f}s elapsed ({total:.0f}s in all)")
+
+    def end(self, job: Job) -> None:
+        verdict = ("done" if job.error is None else f"FAILED: {job.error}")
+        self._line(f"{self._tag(job)}: {verdict} after {job.seconds:.0f}s")
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def note(self, text: str) -> None:
+        self._line(text)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def stop(proc: subprocess.Popen, grace: float = 30.0) -> None:
+    """SIGTERM (the launcher then stops its cluster), SIGKILL to the group after `grace` s."""
+    kill_group(proc, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        kill_group(proc, signal.SIGKILL)
+        proc.wait()
+
+
+def tail(path: Path, lines: int = TAIL_LINES) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no output)"
+
+
+def run_job(job: Job, progress: Progress, timeout: float | None = None) -> None:
+    """Run one mode to its end (or timeout); sets returncode, seconds and error.
+
+    ``timeout`` defaults to twice the run's budget plus 300 s (start-up, evaluation catch-up).
+    """
+    timeout = timeout if timeout is not None else 2 * job.budget + 300
+    job.log.parent.mkdir(parents=True, exist_ok=True)
+    if job.folder.exists():
+        # Only with --overwrite (checked in parse_args): replace this run entirely, so that no
+        # earlier record (e.g. an evaluations.jsonl line) can mix into the new one.
+        shutil.rmtree(job.folder)
+    start = time.monotonic()
+    with open(job.log, "wb") as out:
+        out.write(f"$ {shlex.join(job.argv)}\n".encode())
+        out.flush()
+        proc = subprocess.Popen(job.argv, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, cwd=str(REPO), env=child_env(job),
+                                start_new_session=True, preexec_fn=die_with_parent)
+    try:
+        while proc.poll() is None:
+            elapsed = time.monotonic() - start
+            if elapsed > timeout:
+                stop(proc)
+                job.error = f"no end after {timeout:.0f}s; stopped"
+                break
+            progress.tick(job, elapsed)
+            time.sleep(0.5)
+    except BaseException:
+        stop(proc, grace=15)
+        raise
+    job.seconds = time.monotonic() - start
+    job.returncode = proc.returncode
+    if job.error is None and proc.returncode != 0:
+        code = proc.returncode
+        job.error = (f"exit code {code}" if code >= 0
+                     else f"killed by signal {signal.Signals(-code).name}")
+
+
+def summarise(job: Job) -> None:
+    """Summarise the job's mode folder (fresh, whatever the launcher wrote)."""
+    from esync.analysis.summary import LogError, load_summary, write_summary
+    try:
+        job.summary = load_summary(write_summary(job.folder))
+    except (LogError, OSError) as exc:
+        job.error = f"no summary: {exc}"
+    except Exception as exc:      # a bug in the analysis must not cost the other modes' report
+        job.error = f"no summary: {type(exc).__name__}: {exc}"
+
+

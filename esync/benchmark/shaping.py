@@ -1,0 +1,115 @@
+"""The shaped-link setting: a link rate whose compute-to-communication ratio matches a real
+cluster, derived from this machine's own measurements.
+
+Reference cluster (the kind ESync is for): ResNet-18 (11.7 M parameters, 46.8 MB in float32)
+trained on GPUs over 10 GbE. Moving the model once takes about 36 ms (46.8 MB x 8 / 10 Gbit/s,
+less protocol overhead ignored), against about 60 ms of compute per iteration; every worker's
+pulls leave the parameter server through its one link. So one transfer of the model costs
+``RATIO = 36 / 60 = 0.6`` of one iteration's compute.
+
+Here the model is the benchmark's network (lenet by default) and one device computes an
+iteration in ``t`` seconds (measured below: one thread, the benchmark's batch size, forward,
+backward and update). The matching rate makes one transfer of the model's ``M`` bytes cost the
+same fraction of ``t``: ``rate = 8 M / (RATIO t)`` bit/s, for each worker host's link and for
+the server's link (shared by every worker's pulls, as in the reference cluster).
+
+Run as a module, it prints the measurement as one JSON line (the benchmark runs it in a
+subprocess with ``OMP_NUM_THREADS=1``, like a worker).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+from esync.benchmark.plan import REPO
+
+REFERENCE = {"name": "ResNet-18 on GPUs over 10 GbE", "model_mb": 46.8, "link_gbit": 10.0,
+             "transfer_ms": 36.0, "compute_ms": 60.0}
+RATIO = REFERENCE["transfer_ms"] / REFERENCE["compute_ms"]
+WARMUP, TIMED = 5, 30
+
+
+def measure(network: str, batch_size: int) -> dict:
+    """``{"model_bytes", "compute_s"}`` of one device here (median of timed iterations)."""
+    import mxnet as mx
+    from mxnet import autograd, gluon
+
+    from esync import models
+    net = models.build(network, mx.cpu(), seed=0)
+    trainable, _ = models.trainable_and_aux(net)
+    model_bytes = sum(int(p.data().size) * 4 for p in trainable)
+    size = models.input_size(network)
+    x = mx.nd.random.uniform(shape=(batch_size, 1, size, size))
+    y = mx.nd.array([i % 10 for i in range(batch_size)])
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 1e-4})
+    times = []
+    for i in range(WARMUP + TIMED):
+        start = time.perf_counter()
+        with autograd.record():
+            loss = loss_fn(net(x), y)
+        loss.backward()
+        trainer.step(1)
+        mx.nd.waitall()
+        if i >= WARMUP:
+            times.append(time.perf_counter() - start)
+    times.sort()
+    return {"model_bytes": model_bytes, "compute_s": times[len(times) // 2]}
+
+
+def measure_in_subprocess(network: str, batch_size: int, timeout: float = 600) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1", MXNET_CPU_WORKER_NTHREADS="1")
+    proc = subprocess.run([sys.executable, "-m", "esync.benchmark.shaping", network,
+                           str(batch_size)], cwd=str(REPO), env=env, capture_output=True,
+                          text=True, timeout=timeout)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"measuring {network}'s compute time failed: "
+                           f"{(proc.stderr or proc.stdout).strip()[-500:]}")
+    return json.loads(lines[-1])
+
+
+def matching_rate_bit_s(model_bytes: int, compute_s: float, ratio: float = RATIO) -> float:
+    """The link rate at which one transfer of the model takes ``ratio`` x one iteration."""
+    return 8 * model_bytes / (ratio * compute_s)
+
+
+def tc_rate(bit_s: float) -> str:
+    """A tc rate string, in whole kbit when below 10 mbit, else whole mbit."""
+    if bit_s < 10e6:
+        return f"{max(1, round(bit_s / 1e3))}kbit"
+    return f"{round(bit_s / 1e6)}mbit"
+
+
+def rate_bit_s(text: str) -> float:
+    """``"100mbit"`` -> 1e8 (tc's units: bit, kbit, mbit, gbit; bps = bytes/s)."""
+    text = text.lower()
+    units = {"tbit": 1e12, "gbit": 1e9, "mbit": 1e6, "kbit": 1e3, "bit": 1.0,
+             "gbps": 8e9, "mbps": 8e6, "kbps": 8e3, "bps": 8.0}
+    for unit, factor in units.items():
+        if text.endswith(unit):
+            return float(text[: -len(unit)]) * factor
+    return float(text)
+
+
+def derive(args) -> dict:
+    """The rates of the shaped setting, and what they came from (for the report)."""
+    found = {"reference": REFERENCE, "ratio": RATIO, "measured": None}
+    if args.bandwidths is None or args.server_rate is None:
+        found["measured"] = measure_in_subprocess(args.network, args.batch_size)
+        bit_s = matching_rate_bit_s(found["measured"]["model_bytes"],
+                                    found["measured"]["compute_s"])
+        found["derived_bit_s"] = bit_s
+        found["derived"] = tc_rate(bit_s)
+    found["worker"] = args.bandwidths or [found["derived"]]
+    found["server"] = args.server_rate or (args.bandwidths[0] if args.bandwidths
+                                           else found["derived"])
+    found["auto"] = args.bandwidths is None
+    return found
+
+
+if __name__ == "__main__":
+    print(json.dumps(measure(sys.argv[1], int(sys.argv[2]))))

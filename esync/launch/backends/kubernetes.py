@@ -1,0 +1,353 @@
+"""The job as Kubernetes manifests (written by ``--emit DIR``, applied by ``--apply``).
+
+    esync-cluster --backend kubernetes --emit k8s/ --devices gpu0,gpu1,cpu --image REG/esync:1
+    kubectl apply -f k8s/            # or: esync-cluster --backend kubernetes --emit k8s/ --apply
+
+What is written (``NAME`` is ``--k8s-name``, default ``esync``):
+
+- ``service.yaml``: a headless Service ``NAME`` (no cluster IP, addresses published before the
+  pods are ready) giving the services' pod the stable DNS name ``ps.NAME``;
+- ``ps.yaml``: the Pod ``NAME-ps`` with one container per service role: state server, scheduler,
+  parameter server(s) and evaluator, so that ``DMLC_PS_ROOT_URI`` and the state server's address
+  are both ``ps.NAME``;
+- ``workers-cpu.yaml`` / ``workers-gpu.yaml``: one Indexed Job per device kind; pod i takes the
+  i-th worker of its kind from ``JOB_COMPLETION_INDEX``; GPU workers request one
+  ``nvidia.com/gpu`` each (the pod sees it as GPU 0), CPU workers request ``--threads`` CPUs;
+- ``configmap.yaml``: the ConfigMap ``NAME-plan`` holding ``plan.json``, every role's flags and
+  environment (what ``plan_roles`` returns), which ``esync.launch.runner`` picks from;
+- ``secret.yaml``: the Secret ``NAME-state-token`` (the state server's token, never in the plan);
+- ``volume.yaml``: a ReadWriteMany PersistentVolumeClaim ``NAME-logs`` mounted at ``/logs`` in
+  every pod: the usual log layout, which the evaluator reads too;
+- ``Dockerfile``: the image every pod runs (repository in ``/app``, Fashion-MNIST in ``/data``);
+  build and push it elsewhere, then give its name with ``--image``.
+
+Roles write their output to the container's standard output (``kubectl logs``); training logs go
+to the volume.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+from esync.errors import UsageError
+from esync.launch.backends.base import Backend, Handle
+from esync.launch.plan import Host, Hosts, RoleSpec
+from esync.launch.runner import device_kind, spec_to_json
+
+KUBERNETES_VERSION = "1.30.0"      # the API version the manifests are written and validated for
+APP_DIR, DATA_DIR, LOG_DIR, PLAN_DIR = "/app", "/data", "/logs", "/etc/esync"
+SCHEDULER_PORT, STATE_PORT = 9091, 8000
+NAME = re.compile(r"^[a-z]([-a-z0-9]{0,40}[a-z0-9])?$")
+LABEL = "esync.io/job"
+
+DOCKERFILE = """\
+# The image of every esync pod (esync-cluster --backend kubernetes). Build it from the
+# repository's root and push it where the cluster pulls from:
+#   docker build -f {rel}/Dockerfile -t REGISTRY/esync:TAG . && docker push REGISTRY/esync:TAG
+# For GPU workers, start FROM an image with CUDA 11/12 and install mxnet-cu112 instead.
+FROM python:3.11-slim
+WORKDIR {app}
+COPY pyproject.toml README.md config.py main.py ./
+COPY esync ./esync
+COPY state_server ./state_server
+COPY scripts ./scripts
+RUN pip install --no-cache-dir . && \\
+    python scripts/prepare_data.py --data-dir {data} --quiet
+ENV PYTHONUNBUFFERED=1
+"""
+
+
+def check_name(name: str) -> str:
+    if not NAME.match(name):
+        raise UsageError(f"--k8s-name {name!r}: use lower-case letters, digits and '-', starting "
+                         "with a letter (at most 42 characters)")
+    return name
+
+
+def placement(name: str, devices: list[str]) -> Hosts:
+    """The services' pod by its DNS name; worker pods by their hostname (``NAME-workers-KIND-I``,
+    the log folder); their addresses are the pods' IPs, set when they start."""
+    counts = {"cpu": 0, "gpu": 0}
+    workers = []
+    for device in devices:
+        kind = device_kind(device)
+        workers.append(Host(f"{name}-workers-{kind}-{counts[kind]}", ""))
+        counts[kind] += 1
+    return Hosts(ps=Host("ps", f"ps.{name}"), workers=tuple(workers))
+
+
+def pod_plan(specs: list[RoleSpec]) -> list[dict]:
+    """Specs as the pods run them: no token (it comes from the Secret), and each GPU worker on
+    GPU 0, the one GPU its pod is given."""
+    plan = []
+    for spec in specs:
+        entry = spec_to_json(spec)
+        entry["env"].pop("ESYNC_STATE_TOKEN", None)
+        if spec.kind == "worker" and device_kind(spec.device) == "gpu" and "-g" in entry["argv"]:
+            entry["argv"][entry["argv"].index("-g") + 1] = "0"
+        plan.append(entry)
+    return plan
+
+
+class Manifests:
+    """Builds every object of the job from its role specs."""
+
+    def __init__(self, name: str, specs: list[RoleSpec], *, image: str, token: str,
+                 threads: int = 1, volume_size: str = "10Gi", storage_class: str | None = None,
+                 namespace: str | None = None):
+        self.name, self.specs, self.image, self.token = name, specs, image, token
+        self.threads, self.volume_size = threads, volume_size
+        self.storage_class, self.namespace = storage_class, namespace
+
+    def meta(self, name: str, part: str) -> dict:
+        meta = {"name": name, "labels": {LABEL: self.name, "esync.io/part": part}}
+        if self.namespace:
+            meta["namespace"] = self.namespace
+        return meta
+
+    def container(self, name: str, pick: list[str], resources: dict, ports=()) -> dict:
+        env = [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+               {"name": "ESYNC_STATE_TOKEN", "valueFrom": {"secretKeyRef": {
+                   "name": f"{self.name}-state-token", "key": "token"}}}]
+        container = {
+            "name": name, "image": self.image, "workingDir": APP_DIR,
+            "command": ["python", "-m", "esync.launch.runner", "--plan",
+                        f"{PLAN_DIR}/plan.json", *pick, "--node-host-env", "POD_IP",
+                        "--cwd", APP_DIR, "--log", "/dev/stdout"],
+            "env": env, "resources": resources,
+            "volumeMounts": [{"name": "logs", "mountPath": LOG_DIR},
+                             {"name": "plan", "mountPath": PLAN_DIR, "readOnly": True}]}
+        if ports:
+            container["ports"] = [{"name": n, "containerPort": p, "protocol": "TCP"}
+                                  for n, p in ports]
+        return container
+
+    def volumes(self) -> list[dict]:
+        return [{"name": "logs", "persistentVolumeClaim": {"claimName": f"{self.name}-logs"}},
+                {"name": "plan", "configMap": {"name": f"{self.name}-plan"}}]
+
+    def cpu(self, count: int) -> dict:
+        return {"requests": {"cpu": str(count), "memory": "1Gi"}}
+
+    def objects(self) -> dict[str, list[dict]]:
+        """File name -> the objects it holds."""
+        files = {
+            "configmap.yaml": [{"apiVersion": "v1", "kind": "ConfigMap",
+                                "metadata": self.meta(f"{self.name}-plan", "plan"),
+                                "data": {"plan.json": json.dumps(pod_plan(self.specs),
+                                                                 indent=1)}}],
+            "secret.yaml": [{"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                             "metadata": self.meta(f"{self.name}-state-token", "token"),
+                             "stringData": {"token": self.token}}],
+            "volume.yaml": [self.volume()],
+            "service.yaml": [self.service()],
+            "ps.yaml": [self.ps_pod()],
+        }
+        for kind in ("cpu", "gpu"):
+            workers = [s for s in self.specs
+                       if s.kind == "worker" and device_kind(s.device) == kind]
+            if workers:
+                files[f"workers-{kind}.yaml"] = [self.worker_job(kind, len(workers))]
+        return files
+
+    def volume(self) -> dict:
+        spec = {"accessModes": ["ReadWriteMany"],
+                "resources": {"requests": {"storage": self.volume_size}}}
+        if self.storage_class:
+            spec["storageClassName"] = self.storage_class
+        return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                "metadata": self.meta(f"{self.name}-logs", "logs"), "spec": spec}
+
+    def service(self) -> dict:
+        return {"apiVersion": "v1", "kind": "Service", "metadata": self.meta(self.name, "ps"),
+                "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
+                         "selector": {LABEL: self.name, "esync.io/part": "ps"},
+                         "ports": [{"name": "scheduler", "port": SCHEDULER_PORT,
+                                    "targetPort": SCHEDULER_PORT, "protocol": "TCP"},
+                                   {"name": "state", "port": STATE_PORT,
+                                    "targetPort": STATE_PORT, "protocol": "TCP"}]}}
+
+    def ps_pod(self) -> dict:
+        containers = []
+        for spec in self.specs:
+            if spec.kind == "worker":
+                continue
+            ports = {"scheduler": [("scheduler", SCHEDULER_PORT)],
+                     "state": [("state", STATE_PORT)]}.get(spec.kind, [])
+            containers.append(self.container(spec.name, ["--role", spec.name],
+                                             self.cpu(1), ports))
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": self.meta(f"{self.name}-ps", "ps"),
+                "spec": {"hostname": "ps", "subdomain": self.name, "restartPolicy": "Never",
+                         "containers": containers, "volumes": self.volumes()}}
+
+    def worker_job(self, kind: str, count: int) -> dict:
+        resources = self.cpu(self.threads)
+        if kind == "gpu":
+            resources = {"requests": {"cpu": str(self.threads), "memory": "2Gi"},
+                         "limits": {"nvidia.com/gpu": "1"}}
+        container = self.container("worker", ["--role", "worker", "--group", kind,
+                                              "--index-env", "JOB_COMPLETION_INDEX"], resources)
+        name = f"{self.name}-workers-{kind}"
+        return {"apiVersion": "batch/v1", "kind": "Job",
+                "metadata": self.meta(name, f"workers-{kind}"),
+                "spec": {"completionMode": "Indexed", "completions": count, "parallelism": count,
+                         "backoffLimit": 0,
+                         "template": {"metadata": {"labels": {LABEL: self.name,
+                                                              "esync.io/part": f"workers-{kind}"}},
+                                      "spec": {"restartPolicy": "Never", "subdomain": self.name,
+                                               "containers": [container],
+                                               "volumes": self.volumes()}}}}
+
+    def write(self, folder: Path, repo: Path) -> list[Path]:
+        import yaml
+
+        from esync.fsutil import atomic_write_text
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        written = []
+        for file_name, objects in self.objects().items():
+            path = folder / file_name
+            text = f"# esync job {self.name}: written by esync-cluster --backend kubernetes " \
+                   f"for Kubernetes {KUBERNETES_VERSION}\n"
+            text += "---\n".join(yaml.safe_dump(o, sort_keys=False) for o in objects)
+            if file_name == "secret.yaml":         # the token: readable by its owner only
+                fd = os.open(path.with_name(path.name + ".tmp"),
+                             os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                with os.fdopen(fd, "w") as out:
+                    out.write(text)
+                os.replace(path.with_name(path.name + ".tmp"), path)
+            else:
+                atomic_write_text(path, text)
+            written.append(path)
+        try:
+            rel = os.path.relpath(folder.resolve(), Path(repo).resolve())
+        except ValueError:
+            rel = str(folder)
+        atomic_write_text(folder / "Dockerfile", DOCKERFILE.format(rel=rel, app=APP_DIR,
+                                                                   data=DATA_DIR))
+        return written
+
+
+# --apply ----------------------------------------------------------------------------------------
+
+def kubectl(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(["kubectl", *args], capture_output=True, text=True,
+                              timeout=timeout, stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        raise UsageError("--apply: kubectl is not installed; apply the manifests where it is "
+                         "(kubectl apply -f DIR)") from None
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(args, 1, "", f"kubectl {args[0]}: no answer in "
+                                                        f"{timeout:.0f} s")
+
+
+def check_cluster(folder: Path) -> None:
+    done = kubectl("version", "--request-timeout=15s", "-o", "json", timeout=30)
+    if done.returncode != 0 or '"serverVersion"' not in done.stdout:
+        why = (done.stderr.strip().splitlines() or ["no answer"])[-1]
+        raise UsageError(f"--apply: no Kubernetes cluster reachable with kubectl ({why}); the "
+                         f"manifests are in {folder}: apply them where a cluster is")
+
+
+class Pods:
+    """The job's pods as kubectl sees them (one `kubectl get` per 2 s for every handle)."""
+
+    def __init__(self, name: str, namespace: str | None):
+        self.name, self.namespace = name, namespace
+        self.items, self.at = [], 0.0
+
+    def ns(self) -> list[str]:
+        return ["-n", self.namespace] if self.namespace else []
+
+    def refresh(self) -> list[dict]:
+        if time.monotonic() - self.at > 2.0:
+            done = kubectl("get", "pods", *self.ns(), "-l", f"{LABEL}={self.name}", "-o", "json")
+            if done.returncode == 0:
+                self.items = json.loads(done.stdout).get("items", [])
+                self.at = time.monotonic()
+        return self.items
+
+
+class KubernetesHandle(Handle):
+    def __init__(self, spec: RoleSpec, pods: Pods, pod_part: str, container: str,
+                 index: int | None):
+        super().__init__(spec)
+        self.pods, self.part, self.container, self.index = pods, pod_part, container, index
+        self.pod_name: str | None = None
+
+    def _status(self) -> dict | None:
+        for pod in self.pods.refresh():
+            meta = pod["metadata"]
+            if meta.get("labels", {}).get("esync.io/part") != self.part:
+                continue
+            index = meta.get("annotations", {}).get("batch.kubernetes.io/job-completion-index")
+            if self.index is not None and index != str(self.index):
+                continue
+            self.pod_name = meta["name"]
+            for status in pod.get("status", {}).get("containerStatuses", []):
+                if status["name"] == self.container:
+                    return status
+        return None
+
+    def poll(self) -> int | None:
+        status = self._status()
+        terminated = (status or {}).get("state", {}).get("terminated")
+        return None if terminated is None else int(terminated.get("exitCode", 1))
+
+    def terminate(self, hard: bool = False) -> None:
+        if self.pod_name and self.poll() is None:
+            kubectl("delete", "pod", *self.pods.ns(), self.pod_name, "--wait=false",
+                    *(["--grace-period=0", "--force"] if hard else []))
+
+    def tail(self, lines: int = 20) -> str:
+        if not self.pod_name:
+            return "(no pod yet)"
+        done = kubectl("logs", *self.pods.ns(), self.pod_name, "-c", self.container,
+                       f"--tail={lines}")
+        return done.stdout if done.returncode == 0 else done.stderr.strip()
+
+    def describe(self) -> str:
+        return f"pod {self.pod_name}" if self.pod_name else "pod not scheduled yet"
+
+    @property
+    def log(self) -> str:
+        return f"kubectl logs {self.pod_name or '?'} -c {self.container}"
+
+
+class KubernetesBackend(Backend):
+    """``kubectl apply`` the emitted folder; handles follow the pods; ``close`` deletes it all."""
+
+    def __init__(self, manifests: Manifests, folder: Path, repo: Path):
+        self.manifests, self.folder, self.repo = manifests, Path(folder), repo
+        self.applied = False
+
+    def start(self, specs: list[RoleSpec], proc_dir: Path) -> list[Handle]:
+        if self.applied:
+            raise NotImplementedError("restarting one role of a Kubernetes job in place")
+        self.manifests.write(self.folder, self.repo)
+        done = kubectl("apply", "-f", str(self.folder), timeout=120)
+        if done.returncode != 0:
+            raise RuntimeError(f"kubectl apply -f {self.folder} failed: {done.stderr.strip()}")
+        self.applied = True
+        pods = Pods(self.manifests.name, self.manifests.namespace)
+        handles, counts = [], {"cpu": 0, "gpu": 0}
+        for spec in specs:
+            if spec.kind == "worker":
+                kind = device_kind(spec.device)
+                handles.append(KubernetesHandle(spec, pods, f"workers-{kind}", "worker",
+                                                counts[kind]))
+                counts[kind] += 1
+            else:
+                handles.append(KubernetesHandle(spec, pods, "ps", spec.name, None))
+        return handles
+
+    def close(self) -> None:
+        if self.applied:
+            kubectl("delete", "-f", str(self.folder), "--wait=false", "--ignore-not-found",
+                    timeout=120)
+            self.applied = False

@@ -1,0 +1,267 @@
+"""The whole job as one Slurm job, submitted with submitit.
+
+    esync-cluster --backend slurm --partition gpu --nodes 2 --node-devices gpu0,gpu1,cpu \\
+        --gpus-per-node 2 --time 60 -ld /shared/esync-logs
+
+One ``sbatch`` job of ``--nodes`` nodes and the same number of tasks on each; every task takes
+its role from ``SLURM_PROCID`` (tasks are laid out in blocks: node k holds tasks k*T..k*T+T-1).
+Node 0 runs the state server, the scheduler, the parameter server(s), the evaluator and its
+workers; every other node runs its workers (and, when node 0 needs more tasks than it has
+devices, as many idle tasks that end at once). Node addresses are only known once the job runs,
+so each task recomputes the same pure plan (``plan_roles``) with the real nodes:
+``DMLC_PS_ROOT_URI`` is the first node's address. Without ``--port`` the ports are derived from
+the job id, identical in every task.
+
+Roles run under ``esync.launch.runner``: each role's output goes to ``processes/<role>.log`` of
+the shared log folder, its exit code to ``processes/<role>.exit``, and the launcher stops a role
+by creating ``processes/<role>.stop``. ``scancel`` (or Ctrl-C in the launcher, which calls it)
+ends every task; the launcher notices a job that ended under it and names the roles it cut off.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from esync.errors import UsageError
+from esync.launch.backends.base import Backend, Handle
+from esync.launch.plan import REPO, ClusterConfig, Host, Hosts, RoleSpec, plan_roles
+from esync.launch.runner import read_exit, run
+
+ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED"}
+PORT_BASE, PORT_SPAN = 20000, 40000
+STATE_POLL = 2.0          # seconds between squeue calls
+
+
+def placement(nodes: int, node_devices: list[str]) -> tuple[Hosts, list[str]]:
+    """Submission-time placement on node indices (``node0``...); addresses come in the job."""
+    hosts = [Host(f"node{i}", f"node{i}") for i in range(nodes)]
+    workers = tuple(hosts[i] for i in range(nodes) for _ in node_devices)
+    return Hosts(ps=hosts[0], workers=workers), list(node_devices) * nodes
+
+
+def task_layout(specs: list[RoleSpec], nodes: int) -> list[list[str | None]]:
+    """Role names per node, padded to one task count: ``layout[node][local task]``."""
+    per_node = [[s.name for s in specs if s.host == f"node{i}"] for i in range(nodes)]
+    tasks = max(len(names) for names in per_node)
+    return [names + [None] * (tasks - len(names)) for names in per_node]
+
+
+def job_ports(config: ClusterConfig, job_id: str) -> ClusterConfig:
+    """Ports every task derives alike from the job id, unless the user fixed them."""
+    base = PORT_BASE + (int(job_id.split("_")[0]) * 2) % PORT_SPAN
+    port = config.port or base
+    state = config.state_port
+    if state == 0:
+        state = base + 1 if base + 1 != port else base + 2
+    return dataclasses.replace(config, port=port, state_port=state)
+
+
+def node_hosts() -> list[Host]:
+    """This job's nodes in Slurm's order, by name and address."""
+    names = subprocess.run(["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]],
+                           capture_output=True, text=True, check=True).stdout.split()
+    return [Host(name, socket.gethostbyname(name)) for name in names]
+
+
+def run_task(config: ClusterConfig, layout: list[list[str | None]], proc_dir: str) -> int:
+    """One Slurm task (what submitit runs on a node): run the role SLURM_PROCID stands for."""
+    procid, node = int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NODEID"])
+    tasks = len(layout[0])
+    if procid // tasks != node:
+        raise RuntimeError(f"task {procid} runs on node {node}, not {procid // tasks}: the job "
+                           "needs block distribution of tasks")
+    name = layout[node][procid % tasks]
+    if name is None:
+        return 0                                    # padding: node 0 needs more tasks
+    nodes = node_hosts()
+    hosts = Hosts(ps=nodes[0], workers=tuple(nodes[int(h[4:])] for h in _worker_nodes(layout)))
+    config = job_ports(config, os.environ["SLURM_JOB_ID"])
+    spec = next(s for s in plan_roles(config, hosts) if s.name == name)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DMLC_")}
+    env.update(spec.env)
+    folder = Path(proc_dir)
+    code = run(spec.argv, log=folder / f"{name}.log", env=env, cwd=str(REPO),
+               exit_file=folder / f"{name}.exit", stop_file=folder / f"{name}.stop")
+    return code
+
+
+def _worker_nodes(layout) -> list[str]:
+    """`nodeK` of each worker, in plan order (workers are named worker-*)."""
+    return [f"node{k}" for k, names in enumerate(layout)
+            for name in names if name and name.startswith("worker-")]
+
+
+class SlurmJob:
+    """The submitted job: its state (from squeue, refreshed at most every STATE_POLL s)."""
+
+    def __init__(self, job_id: str, env: dict | None = None):
+        self.id = job_id
+        self.env = env
+        self._state, self._reason, self._at = "PENDING", "", 0.0
+
+    def state(self, fresh: bool = False) -> str:
+        if self._state in ACTIVE and (fresh or time.monotonic() - self._at > STATE_POLL):
+            self._at = time.monotonic()
+            done = subprocess.run(["squeue", "-h", "-j", self.id, "-o", "%T|%r"],
+                                  capture_output=True, text=True)
+            line = done.stdout.strip()
+            if done.returncode == 0 and line:
+                self._state, self._reason = (line.split("|", 1) + [""])[:2]
+            elif done.returncode != 0 and "Invalid job id" not in done.stderr:
+                return self._state                    # slurmctld busy: ask again later
+            else:
+                self._state = "ENDED"                 # no longer known: finished a while ago
+        return self._state
+
+    @property
+    def reason(self) -> str:
+        return self._reason
+
+    def node_names(self) -> list[str]:
+        """The job's nodes in Slurm's order (once it runs)."""
+        nodelist = subprocess.run(["squeue", "-h", "-j", self.id, "-o", "%N"],
+                                  capture_output=True, text=True).stdout.strip()
+        return subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True,
+                              text=True).stdout.split() if nodelist else []
+
+    def cancel(self) -> None:
+        subprocess.run(["scancel", self.id], capture_output=True)
+
+
+class SlurmHandle(Handle):
+    def __init__(self, spec: RoleSpec, job: SlurmJob, proc_dir: Path):
+        super().__init__(spec)
+        self.job, self.proc_dir = job, proc_dir
+        self.log_path = proc_dir / f"{spec.name}.log"
+
+    def poll(self) -> int | None:
+        code = read_exit(self.proc_dir / f"{self.name}.exit")
+        if code is not None:
+            return code
+        if self.job.state() in ACTIVE:
+            return None
+        # The job ended without this role's exit code: cancelled, timed out or its node died.
+        time.sleep(1.0)                       # an exit file written a moment before the end
+        code = read_exit(self.proc_dir / f"{self.name}.exit")
+        return code if code is not None else 1
+
+    def terminate(self, hard: bool = False) -> None:
+        if self.poll() is not None:
+            return
+        if hard:
+            self.job.cancel()
+        else:
+            (self.proc_dir / f"{self.name}.stop").touch()
+
+    def tail(self, lines: int = 20) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            text = "(no log: the role did not start)"
+        text = "\n".join(text.splitlines()[-lines:])
+        state, deadline = self.job.state(fresh=True), time.monotonic() + 10
+        while state == "COMPLETING" and time.monotonic() < deadline:   # its final state soon
+            time.sleep(0.5)
+            state = self.job.state(fresh=True)
+        if state != "RUNNING":           # cancelled (scancel), timed out, a node failed...
+            text += f"\n(Slurm job {self.job.id} is {state})"
+        return text
+
+    def describe(self) -> str:
+        return f"Slurm job {self.job.id}, {self.job.state().lower()}"
+
+    @property
+    def log(self) -> str:
+        return str(self.log_path)
+
+
+class SlurmBackend(Backend):
+    """Submits every role at once as one job; ``start`` returns once the job runs."""
+
+    def __init__(self, config_of: Callable[[], ClusterConfig], nodes: int, *,
+                 partition: str | None = None, gpus_per_node: int = 0, minutes: int = 60,
+                 job_name: str = "esync", extra: dict | None = None, announce=print):
+        # The job's current config (a restart resumes from a checkpoint: other flags).
+        self.config_of, self.nodes = config_of, nodes
+        self.params = dict(slurm_partition=partition, slurm_time=minutes, nodes=nodes,
+                           slurm_job_name=job_name, cpus_per_task=max(1, config_of().threads),
+                           slurm_srun_args=["--distribution=block"],
+                           slurm_additional_parameters={"chdir": str(REPO), **(extra or {})})
+        if gpus_per_node:
+            self.params["slurm_gpus_per_node"] = gpus_per_node
+        self.announce = announce
+        self.job: SlurmJob | None = None
+
+    def start(self, specs: list[RoleSpec], proc_dir: Path) -> list[Handle]:
+        if self.job is not None:
+            if len(specs) == 1:
+                raise NotImplementedError("a Slurm job cannot restart one of its roles in place")
+            self.close()                         # a whole-cluster restart: a new job
+        import submitit
+        proc_dir = Path(proc_dir)
+        proc_dir.mkdir(parents=True, exist_ok=True)
+        for spec in specs:                       # files of an earlier attempt
+            for suffix in (".exit", ".stop"):
+                (proc_dir / f"{spec.name}{suffix}").unlink(missing_ok=True)
+        layout = task_layout(specs, self.nodes)
+        executor = submitit.SlurmExecutor(folder=proc_dir / "slurm", max_num_timeout=0)
+        params = {k: v for k, v in self.params.items() if v is not None}
+        executor.update_parameters(ntasks_per_node=len(layout[0]),
+                                   **{k.removeprefix("slurm_"): v for k, v in params.items()})
+        try:
+            submitted = executor.submit(run_task, self.config_of(), layout, str(proc_dir))
+        except Exception as exc:             # sbatch refused: bad partition, too many nodes...
+            raise UsageError(f"--backend slurm: sbatch refused the job: {_first_line(exc)}") \
+                from None
+        self.job = SlurmJob(str(submitted.job_id))
+        self.announce(f"esync-cluster: Slurm job {self.job.id}: {self.nodes} node(s) x "
+                      f"{len(layout[0])} tasks; its files are in {proc_dir / 'slurm'}")
+        try:
+            self._wait_until_running()
+        except BaseException:
+            self.close()
+            raise
+        # Worker logs go to <log dir>/.../<node's name>/<device>: the supervisor looks there.
+        names = self.job.node_names()
+        named = [dataclasses.replace(s, host=names[int(s.host[4:])])
+                 if s.host.startswith("node") and s.host[4:].isdigit()
+                 and int(s.host[4:]) < len(names) else s for s in specs]
+        return [SlurmHandle(spec, self.job, proc_dir) for spec in named]
+
+    def _wait_until_running(self) -> None:
+        last = 0.0
+        while (state := self.job.state()) == "PENDING":
+            if time.monotonic() - last > 30:
+                last = time.monotonic()
+                reason = self.job.reason if self.job.reason not in ("", "None") else "queued"
+                self.announce(f"esync-cluster: Slurm job {self.job.id} is pending ({reason})")
+            time.sleep(0.5)
+        if state not in ACTIVE:
+            raise RuntimeError(f"Slurm job {self.job.id} ended before it ran ({state}); see "
+                               "its files in the processes/slurm folder")
+
+    def close(self) -> None:
+        if self.job is None or self.job.state() not in ACTIVE:
+            return
+        self.job.cancel()
+        deadline = time.monotonic() + 60
+        while self.job.state() in ACTIVE and time.monotonic() < deadline:
+            time.sleep(0.5)
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    for line in text.splitlines():
+        if "error" in line.lower():
+            return line.strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+if __name__ == "__main__":      # pragma: no cover - not a command
+    sys.exit("esync.launch.backends.slurm is used by esync-cluster --backend slurm")

@@ -1,0 +1,98 @@
+"""ESync's aggregation rules on hand-made arrays, checked against values computed by hand."""
+import numpy as np
+import pytest
+from mxnet import nd
+
+from esync.algorithms import aggregate as agg
+
+START = np.array([1.0, -2.0])
+DELTAS = [np.array([0.4, 0.8]), np.array([-0.2, 0.2]), np.array([0.1, -0.6])]
+KS = [4, 2, 1]
+
+
+def close(got, want):
+    return np.allclose(np.asarray(got, dtype=np.float64), want, rtol=1e-12, atol=1e-12)
+
+
+def test_mean_is_start_plus_gl_times_average_delta():
+    # average delta: (0.3/3, 0.4/3) = (0.1, 0.13333..); gl 2: start + (0.2, 0.26666..)
+    assert close(agg.mean(START, DELTAS, 2.0), [1.2, -2.0 + 0.8 / 3])
+
+
+def test_weighted_by_k_is_start_plus_gl_times_k_weighted_average():
+    # sum k_i d_i = 4*(0.4,0.8) + 2*(-0.2,0.2) + 1*(0.1,-0.6) = (1.3, 3.0); / 7
+    assert close(agg.weighted(START, DELTAS, KS, 1.0), [1.0 + 1.3 / 7, -2.0 + 3.0 / 7])
+
+
+def test_weighted_by_samples_uses_the_given_weights():
+    # weights (64, 0, 64): (d_0 + d_2) / 2 = (0.25, 0.1)
+    assert close(agg.weighted(START, DELTAS, [64, 0, 64], 1.0), [1.25, -1.9])
+
+
+def test_fednova_rescales_the_step_normalised_average_by_the_effective_steps():
+    # d_i / k_i = (0.1, 0.2), (-0.1, 0.1), (0.1, -0.6); mean = (0.1/3, -0.3/3) = (1/30, -0.1)
+    # effective steps = mean(k) = 7/3; gl 0.5: start + 0.5 * 7/3 * (1/30, -0.1)
+    assert close(agg.fednova(START, DELTAS, KS, 0.5),
+                 [1.0 + 0.5 * 7 / 3 / 30, -2.0 - 0.5 * 7 / 3 * 0.1])
+
+
+def test_fednova_with_data_shares_weights_by_share():
+    # p = (0.5, 0.25, 0.25): effective steps 0.5*4 + 0.25*2 + 0.25*1 = 2.75
+    # sum p_i d_i / k_i = 0.5*(0.1,0.2) + 0.25*(-0.1,0.1) + 0.25*(0.1,-0.6) = (0.05, -0.025)
+    assert close(agg.fednova(START, DELTAS, KS, 1.0, shares=[0.5, 0.25, 0.25]),
+                 [1.0 + 2.75 * 0.05, -2.0 - 2.75 * 0.025])
+
+
+@pytest.mark.parametrize("rule", ["weighted", "fednova"])
+def test_equal_steps_make_every_rule_the_mean(rule):
+    assert close(agg.aggregate(rule, START, DELTAS, [3, 3, 3], 0.7), agg.mean(START, DELTAS, 0.7))
+
+
+@pytest.mark.parametrize("rule", agg.RULES)
+def test_push_and_sum_weights_reproduce_the_rule_through_a_summing_server(rule):
+    pushed_sum = sum(agg.push_weight(rule, k) * d for k, d in zip(KS, DELTAS))
+    got = START + 0.7 * agg.sum_weight(rule, KS) * pushed_sum
+    assert close(got, agg.aggregate(rule, START, DELTAS, KS, 0.7))
+
+
+def test_rules_work_on_mxnet_arrays():
+    got = agg.fednova(nd.array(START, dtype="float64"),
+                      [nd.array(d, dtype="float64") for d in DELTAS], KS, 0.5)
+    assert close(got.asnumpy(), agg.fednova(START, DELTAS, KS, 0.5))
+
+
+def test_momentum_zero_step_is_the_delta_itself():
+    delta = np.array([0.3, -0.1])
+    step, buffer = agg.OuterOptimizer(momentum=0.0, nesterov=True).step(delta, None)
+    assert step is delta and buffer is None
+
+
+def test_heavy_ball_momentum_accumulates_the_deltas():
+    outer = agg.OuterOptimizer(momentum=0.5)
+    buffer = np.zeros(2)
+    steps = []
+    for delta in (np.array([1.0, 2.0]), np.array([1.0, 0.0])):
+        step, buffer = outer.step(delta, buffer)
+        steps.append(step)
+    # buffer 1: (1, 2); buffer 2: 0.5*(1,2) + (1,0) = (1.5, 1)
+    assert close(np.stack(steps), [[1.0, 2.0], [1.5, 1.0]])
+
+
+def test_nesterov_momentum_looks_ahead_by_the_new_buffer():
+    outer = agg.OuterOptimizer(momentum=0.9, nesterov=True)
+    buffer = np.zeros(1)
+    steps = []
+    for delta in (np.array([1.0]), np.array([2.0])):
+        step, buffer = outer.step(delta, buffer)
+        steps.append(float(step[0]))
+    # round 1: buffer 1, step 1 + 0.9*1 = 1.9; round 2: buffer 0.9 + 2 = 2.9, step 2 + 2.61 = 4.61
+    assert close(steps, [1.9, 4.61])
+
+
+def test_apply_step_moves_start_by_gl_times_step():
+    assert close(agg.apply_step(START, np.array([0.5, 1.0]), 0.7), [1.35, -1.3])
+
+
+def test_fednova_refuses_a_worker_without_steps():
+    with pytest.raises(agg.AggregationError, match="k_i >= 1"):
+        agg.fednova(START, DELTAS, [2, 0, 1])
