@@ -31,8 +31,10 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -163,6 +165,10 @@ def remove_stale() -> list[str]:
             removed.append(name)
     for tag in stale_tags:
         (OWNERS_DIR / f"{tag}.json").unlink(missing_ok=True)
+    for record in OWNERS_DIR.glob(f"{PREFIX}*.json"):     # owners killed before any namespace
+        match = NAME_RE.match(f"{record.stem}-x")
+        if match and not _owner_alive(record.stem, int(match.group(1))):
+            record.unlink(missing_ok=True)
     return removed
 
 
@@ -326,6 +332,52 @@ def call_in(namespace: str, fn, *args, timeout: float | None = None):
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
+
+
+class PortForward:
+    """``127.0.0.1:<free port>`` on this machine, relayed to ``address:port`` in a namespace.
+
+    The launcher's own network has no route into the emulated one (by design), so a page served
+    on an emulated host (the state server's dashboard) is reached through this relay. Each
+    connection gets a socket opened inside the namespace and two threads copying bytes.
+    """
+
+    def __init__(self, namespace: str, address: str, port: int):
+        self.namespace, self.target = namespace, (address, port)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.local = self.listener.getsockname()[:2]
+        threading.Thread(target=self._accept, name=f"forward {namespace}", daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:                   # closed
+                return
+            threading.Thread(target=self._connect, args=(client,), daemon=True).start()
+
+    def _connect(self, client: socket.socket) -> None:
+        try:
+            upstream = call_in(self.namespace, socket.create_connection, self.target, 10,
+                               timeout=15)
+        except (OSError, TimeoutError, NetnsError):
+            client.close()
+            return
+        threading.Thread(target=_copy, args=(upstream, client), daemon=True).start()
+        _copy(client, upstream)
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def _copy(source: socket.socket, sink: socket.socket) -> None:
+    try:
+        while data := source.recv(65536):
+            sink.sendall(data)
+        sink.shutdown(socket.SHUT_WR)
+    except OSError:
+        sink.close()
+        source.close()
 
 
 def main(argv=None) -> int:

@@ -7,6 +7,7 @@ finalizer, also when the test fails.
 import ipaddress
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -222,3 +223,22 @@ def test_without_ip_netns_is_refused_naming_iproute2(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(netns.NetnsUnavailable, match="install iproute2"):
         netns.check_available()
+
+
+@needs_netns
+def test_port_forward_reaches_a_server_inside_a_namespace(topology):
+    topo = topology([netns.Host("ps")])
+    server = subprocess.Popen(topo.exec_prefix("ps") + [
+        sys.executable, "-c",
+        "import socket; s = socket.create_server((%r, 7002)); c, _ = s.accept(); "
+        "c.sendall(c.recv(100).upper())" % topo.address("ps")])
+    relay = netns.PortForward(topo.namespace("ps"), topo.address("ps"), 7002)
+    try:
+        time.sleep(1.0)
+        with socket.create_connection(relay.local, timeout=10) as sock:
+            sock.sendall(b"dashboard")
+            assert sock.recv(100) == b"DASHBOARD"
+    finally:
+        relay.close()
+        server.kill()
+        server.wait()

@@ -185,8 +185,10 @@ class LocalCluster:
 
     def plan(self):
         if self.uses_state_server:
-            print(f"esync-cluster: dashboard at http://{self.hosts.ps.address}:"
-                  f"{self.config.state_port}/dashboard/?job={self.args.job}", flush=True)
+            address, port = self._backend.reachable(self.hosts.ps.name, self.hosts.ps.address,
+                                                    self.config.state_port)
+            print(f"esync-cluster: dashboard at http://{address}:{port}/dashboard/"
+                  f"?job={self.args.job}", flush=True)
         return plan_roles(self.config, self.hosts)
 
     def backend(self):

@@ -55,6 +55,11 @@ class Backend:
         it). Here: this machine's; a backend whose hosts see another network overrides it."""
         return fn(*args)
 
+    def reachable(self, host: str, address: str, port: int) -> tuple[str, int]:
+        """Where the launcher's user reaches a server listening on `host` at address:port
+        (the dashboard). Here: the same; a backend whose hosts are out of reach relays it."""
+        return address, port
+
     def close(self) -> None:
         """Kill whatever this backend started that is still running and free its resources.
         Idempotent; called on every way out."""

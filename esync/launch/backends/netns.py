@@ -107,6 +107,7 @@ class NetnsBackend(LocalBackend):
         super().__init__(cwd, base_env)
         self.layout = layout
         self.topology = netns.Topology(layout.hosts)
+        self.relays: list[netns.PortForward] = []
 
     def create(self) -> "NetnsBackend":
         """Build the topology (first clearing what dead launchers left); NetnsError if we can't."""
@@ -127,8 +128,16 @@ class NetnsBackend(LocalBackend):
         address on the emulated network, by design."""
         return netns.call_in(self.topology.namespace(host), fn, *args, timeout=120)
 
+    def reachable(self, host: str, address: str, port: int) -> tuple[str, int]:
+        """A relay on this machine's 127.0.0.1 into `host`'s namespace (closed with the rest)."""
+        relay = netns.PortForward(self.topology.namespace(host), address, port)
+        self.relays.append(relay)
+        return relay.local
+
     def close(self) -> None:
         try:
+            for relay in self.relays:
+                relay.close()
             super().close()
         finally:
             self.topology.remove()
