@@ -111,9 +111,20 @@ def test_every_process_dies_with_the_launcher_even_a_restarted_state_server(
 
 
 def _state_server_pid(folder):
-    """The gunicorn arbiter serving the cluster of `folder` (its database is under `folder`)."""
-    pids = [p for p in processes_of(folder) if "gunicorn" in _cmdline(p)]
-    return min(pids) if pids else None
+    """The gunicorn arbiter serving the cluster of `folder` (its database is under `folder`).
+
+    The arbiter leads its own process group (the launcher starts it in a new session); its
+    worker does not, and the lowest pid is not always the arbiter once pids wrap around.
+    """
+    for pid in sorted(processes_of(folder)):
+        if "gunicorn" not in _cmdline(pid):
+            continue
+        try:
+            if os.getpgid(pid) == pid:
+                return pid
+        except ProcessLookupError:
+            continue
+    return None
 
 
 def test_resume_continues_from_the_saved_round(tmp_path, fashion_data_dir, launcher):
