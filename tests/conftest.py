@@ -9,6 +9,33 @@ import pytest
 from support import write_fashion_dir
 
 
+# process hygiene ---------------------------------------------------------------------------
+# Whatever a test starts from pytest's main thread dies with pytest, even when pytest itself is
+# killed (CI's time limit, Ctrl-C twice) and no fixture teardown runs: the kernel's parent-death
+# signal does it. Tests that stop processes themselves are unaffected.
+
+
+@pytest.fixture(autouse=True, scope="session")
+def children_die_with_pytest():
+    import subprocess
+    import threading
+
+    from esync.procs import die_with_parent
+
+    original = subprocess.Popen.__init__
+
+    def popen(self, *args, **kwargs):
+        if kwargs.get("preexec_fn") is None and threading.current_thread() is threading.main_thread():
+            kwargs["preexec_fn"] = die_with_parent
+        original(self, *args, **kwargs)
+
+    subprocess.Popen.__init__ = popen
+    yield
+    subprocess.Popen.__init__ = original
+
+# end of process hygiene ------------------------------------------------------------------------
+
+
 # data fixtures ---------------------------------------------------------------------------------
 # Small, learnable stand-ins for Fashion-MNIST written as real IDX files (esync.data reads them).
 
