@@ -184,9 +184,10 @@ class LocalCluster:
             state_db=str(self.mode_dir / "state_server.sqlite3"))
 
     def plan(self):
-        if self.uses_state_server:
-            address, port = self._backend.reachable(self.hosts.ps.name, self.hosts.ps.address,
-                                                    self.config.state_port)
+        runner = getattr(self, "_backend", None)     # remote jobs: the address is theirs
+        if self.uses_state_server and runner is not None:
+            address, port = runner.reachable(self.hosts.ps.name, self.hosts.ps.address,
+                                             self.config.state_port)
             print(f"esync-cluster: dashboard at http://{address}:{port}/dashboard/"
                   f"?job={self.args.job}", flush=True)
         return plan_roles(self.config, self.hosts)
