@@ -176,7 +176,7 @@ def add_run_args(parser: argparse.ArgumentParser, *, one_worker: bool = True) ->
     e.add_argument("--outer-momentum", type=_momentum, default=config.outer_momentum,
                    help="momentum on the aggregated delta, with -gl as the outer learning rate "
                         "(DiLoCo: 0.9 with --nesterov and -gl 0.7; 0: none)")
-    e.add_argument("--nesterov", action="store_true", default=config.nesterov,
+    e.add_argument("--nesterov", action=argparse.BooleanOptionalAction, default=config.nesterov,
                    help="Nesterov form of --outer-momentum")
     e.add_argument("--job", default=os.environ.get("ESYNC_JOB", "default"),
                    help="job id on the state server")
@@ -207,7 +207,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def check_esync_options(args) -> None:
     """Combinations of ESync flags that cannot work (shared by main.py and esync-cluster)."""
     if args.nesterov and not args.outer_momentum:
-        raise UsageError("--nesterov needs an --outer-momentum above 0 (DiLoCo uses 0.9)")
+        raise UsageError("--nesterov needs an --outer-momentum above 0 (DiLoCo uses 0.9); "
+                         "for no outer momentum give --outer-momentum 0 --no-nesterov")
 
 
 def dmlc_environment(role: str, env=os.environ) -> dict:

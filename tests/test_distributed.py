@@ -67,6 +67,11 @@ def original_sync(reps, steps=STEPS, lr=LR):
     return reps[0].values()
 
 
+# The original's aggregation, whatever the launcher's defaults: plain mean, no outer momentum.
+NO_OUTER_MOMENTUM = ("--outer-momentum", 0, "--no-nesterov")
+ORIGINAL_MEAN = ("--aggregation", "mean", *NO_OUTER_MOMENTUM)
+
+
 def original_esync(reps, rounds, local_iters, local_lr, global_lr=1.0):
     """The original's ESync round with fixed k: local SGD steps, mean delta, BN averaged."""
     for _ in range(rounds):
@@ -138,7 +143,7 @@ def test_two_worker_sync_equals_the_original_sync_step(tmp_path, small_data):
 
 @pytest.mark.parametrize("rule", ["mean", "weighted", "fednova"])
 def test_esync_with_one_local_step_and_unit_global_lr_equals_ssgd(tmp_path, small_data, rule):
-    run_cluster(tmp_path, small_data, "-m", "esync", "--local-iters", 1, "-gl", 1,
+    run_cluster(tmp_path, small_data, "-m", "esync", "--local-iters", 1, "-gl", 1, *NO_OUTER_MOMENTUM,
                 "--aggregation", rule, "--workers", 2, "--slowdown", "1", "-ll", LR,
                 "-b", BATCH, "--max-rounds", STEPS, "-e", 1, "--max-seconds", 0, "--seed", SEED,
                 "--no-evaluator")
@@ -189,6 +194,7 @@ def test_sync_batch_norm_statistics_are_the_mean_over_the_workers(tmp_path, smal
 
 def test_esync_batch_norm_network_equals_the_original_rounds(tmp_path, small_data):
     run_cluster(tmp_path, small_data, "-m", "esync", "--local-iters", 2, "-n", "resnet18-v1",
+                "-gl", 1, *ORIGINAL_MEAN,
                 "--workers", 2, "--slowdown", "1", "-b", 4, "-ll", LR, "--max-rounds", 2,
                 "-e", 2, "--max-seconds", 0, "--seed", SEED, "--no-evaluator")
     got = final_checkpoint(tmp_path / "resnet18-v1" / "esync", steps=2, network="resnet18-v1")

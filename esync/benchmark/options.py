@@ -113,14 +113,10 @@ class Aggregation:
         return text
 
     def argv(self) -> list[str]:
-        argv = ["--aggregation", self.rule]
-        if self.momentum:
-            argv += ["--outer-momentum", f"{self.momentum:g}"]
-            if self.nesterov:
-                argv.append("--nesterov")
-        if self.global_lr is not None:
-            argv += ["-gl", f"{self.global_lr:g}"]
-        return argv
+        """Every aggregation flag spelled out: the launcher's own defaults never leak in."""
+        return ["--aggregation", self.rule, "--outer-momentum", f"{self.momentum or 0:g}",
+                "--nesterov" if self.nesterov and self.momentum else "--no-nesterov",
+                "-gl", f"{1.0 if self.global_lr is None else self.global_lr:g}"]
 
     @property
     def is_plain_mean(self) -> bool:

@@ -50,8 +50,12 @@ __all__ = ["CLUSTER_DEFAULTS", "MAIN", "REPO", "build_parser", "main", "worker_a
 # the original's meaning (x the gradient summed over the batch): 0.05 / 64 is a step of 0.05 on
 # the mean gradient of a 64-sample batch.
 CLUSTER_LR = 0.05 / 64
+# ESync's aggregation: the benchmark's best rule (docs/benchmark/report.md), deltas weighted by
+# k_i with DiLoCo's outer Nesterov momentum 0.9 and outer learning rate 0.7. main.py keeps the
+# original's plain mean; `--aggregation mean --outer-momentum 0 --no-nesterov -gl 1` here too.
 CLUSTER_DEFAULTS = dict(network="lenet", cpu=1, learning_rate=CLUSTER_LR, local_lr=CLUSTER_LR,
-                        eval_duration=10, max_seconds=90.0, mode="esync")
+                        eval_duration=10, max_seconds=90.0, mode="esync",
+                        aggregation="weighted", outer_momentum=0.9, nesterov=True, global_lr=0.7)
 STATE_SERVER_RESTARTS = 3        # a state server that keeps dying is a failure, not a blip
 DEFAULT_SLOWDOWN = "1,1,4,8"      # the emulated cluster: two fast, one 4x, one 8x slower
 LOCAL_ADDRESS = "127.0.0.1"       # the local backend's one host
@@ -142,6 +146,8 @@ def worker_argv(parser: argparse.ArgumentParser, args: argparse.Namespace) -> li
         flag = action.option_strings[-1]
         if isinstance(action, argparse._StoreTrueAction):
             argv += [flag] if value else []
+        elif isinstance(action, argparse.BooleanOptionalAction):
+            argv += [action.option_strings[0] if value else action.option_strings[1]]
         elif value is not None:
             argv += [flag, str(value)]
     return argv
