@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -167,3 +168,15 @@ def processes_of(folder):
         if pattern.search(text) and "zombie" not in state:
             pids.append(int(entry.name))
     return pids
+
+
+def wait_for_rounds(launcher, mode_dir, rounds, timeout=180):
+    """Until worker cpu1 of a running job has logged `rounds` rounds; fails if the launcher ends."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if launcher.poll() is not None:
+            raise AssertionError(f"launcher ended early: {launcher.communicate()}")
+        if len(list(mode_dir.glob("*/cpu1/iter-*.txt"))) >= rounds:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"no round {rounds} within {timeout} s")

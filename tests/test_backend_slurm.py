@@ -3,25 +3,14 @@ import json
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
-from support import REPO, device_logs, processes_mentioning, run_cluster, write_fashion_dir
+from support import (REPO, device_logs, processes_mentioning, run_cluster, wait_for_rounds,
+                     write_fashion_dir)
 
 JOB = ["--backend", "slurm", "--nodes", 1, "--node-devices", "cpu,cpu", "--time", 10,
        "-m", "esync", "-b", 8, "-e", 1]
-
-
-def wait_for_rounds(launcher, mode_dir, rounds, timeout=180):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if launcher.poll() is not None:
-            raise AssertionError(f"launcher ended early: {launcher.communicate()}")
-        if len(list(mode_dir.glob("*/cpu1/iter-*.txt"))) >= rounds:
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"no round {rounds} within {timeout} s")
 
 
 @pytest.fixture(scope="module")

@@ -2,11 +2,10 @@
 import json
 import signal
 import subprocess
-import time
 
 import pytest
 
-from support import device_logs, processes_mentioning, run_cluster
+from support import device_logs, processes_mentioning, run_cluster, wait_for_rounds
 
 JOB = ["-m", "esync", "-b", 8, "-e", 1]
 
@@ -20,17 +19,6 @@ def hostfile(tmp_path, text="127.0.0.1 cpu,cpu\n"):
 def ssh_args(tmp_path, sshd):
     return ["--backend", "ssh", "--hostfile", hostfile(tmp_path), "--ssh-config",
             sshd.ssh_config]
-
-
-def wait_for_rounds(launcher, mode_dir, rounds, timeout=180):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if launcher.poll() is not None:
-            raise AssertionError(f"launcher ended early: {launcher.communicate()}")
-        if len(list(mode_dir.glob("*/cpu1/iter-*.txt"))) >= rounds:
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"no round {rounds} within {timeout} s")
 
 
 @pytest.fixture(scope="module")

@@ -133,16 +133,3 @@ def run_job(job: Job, progress: Progress, timeout: float | None = None) -> None:
         code = proc.returncode
         job.error = (f"exit code {code}" if code >= 0
                      else f"killed by signal {signal.Signals(-code).name}")
-
-
-def summarise(job: Job) -> None:
-    """Summarise the job's mode folder (fresh, whatever the launcher wrote)."""
-    from esync.analysis.summary import LogError, load_summary, write_summary
-    try:
-        job.summary = load_summary(write_summary(job.folder))
-    except (LogError, OSError) as exc:
-        job.error = f"no summary: {exc}"
-    except Exception as exc:      # a bug in the analysis must not cost the other modes' report
-        job.error = f"no summary: {type(exc).__name__}: {exc}"
-
-
