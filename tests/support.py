@@ -180,3 +180,20 @@ def wait_for_rounds(launcher, mode_dir, rounds, timeout=180):
             return
         time.sleep(0.2)
     raise AssertionError(f"no round {rounds} within {timeout} s")
+
+
+def _why_no_netns():
+    """Why network-namespace tests cannot run here (not root, no iproute2), or None."""
+    from esync import netns
+    try:
+        netns.check_available()
+    except netns.NetnsError as exc:
+        return str(exc)
+    return None
+
+
+def needs_netns(test):
+    """Skip `test`, saying why, where network namespaces are unavailable."""
+    import pytest
+    why = _why_no_netns()
+    return pytest.mark.skipif(why is not None, reason=f"network namespaces unavailable: {why}")(test)

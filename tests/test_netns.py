@@ -15,19 +15,7 @@ import time
 import pytest
 
 from esync import netif, netns
-from support import REPO
-
-
-def _why_no_netns():
-    try:
-        netns.check_available()
-    except netns.NetnsError as exc:
-        return str(exc)
-    return None
-
-
-needs_netns = pytest.mark.skipif(_why_no_netns() is not None,
-                                 reason=f"network namespaces unavailable: {_why_no_netns()}")
+from support import REPO, needs_netns
 
 
 @pytest.fixture

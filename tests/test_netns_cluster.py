@@ -15,19 +15,8 @@ import time
 import pytest
 
 from esync import launch, netns
-from support import REPO, device_logs, processes_mentioning, write_fashion_dir
+from support import REPO, device_logs, needs_netns, processes_mentioning, write_fashion_dir
 
-
-def _why_no_netns():
-    try:
-        netns.check_available()
-    except netns.NetnsError as exc:
-        return str(exc)
-    return None
-
-
-needs_netns = pytest.mark.skipif(_why_no_netns() is not None,
-                                 reason=f"network namespaces unavailable: {_why_no_netns()}")
 RATE = 20_000_000          # bits/s: 20mbit
 
 
