@@ -80,9 +80,15 @@ class CheckpointStore:
             raise CheckpointError(f"checkpoint {path} is corrupt or not a checkpoint "
                                   f"({exc.__class__.__name__}: {exc}); delete it to go on") from None
 
-    def latest(self, **expect) -> tuple[Path, dict, dict] | None:
-        """The newest loadable checkpoint; a corrupt newest one is an error, not skipped."""
-        paths = self.list()
+    @staticmethod
+    def round_of(path: Path) -> int:
+        return int(path.stem.split("-")[1])
+
+    def latest(self, *, at_most: int | None = None,
+               **expect) -> tuple[Path, dict, dict] | None:
+        """The newest loadable checkpoint (of a round <= ``at_most``, if given); a corrupt newest
+        one is an error, not skipped."""
+        paths = [p for p in self.list() if at_most is None or self.round_of(p) <= at_most]
         if not paths:
             return None
         meta, arrays = self.load(paths[-1], **expect)

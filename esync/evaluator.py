@@ -103,7 +103,7 @@ def _score_checkpoints(args, mode_dir: Path, report: ScoreReport, poll_seconds: 
     print(f"[evaluator] watching {store.folder}", flush=True)
     while True:
         done = store.is_done()
-        pending = [p for p in store.list() if _round_of(p) not in scored]
+        pending = [p for p in store.list() if store.round_of(p) not in scored]
         if not pending:
             if done:
                 print("[evaluator] job finished; all checkpoints scored", flush=True)
@@ -139,10 +139,6 @@ def next_checkpoint(pending: list[Path], *, training_ended: bool) -> Path:
     In order while keeping up or once training has ended; the newest first while behind.
     """
     return pending[-1] if len(pending) > BEHIND and not training_ended else pending[0]
-
-
-def _round_of(path: Path) -> int:
-    return int(path.stem.split("-")[1])
 
 
 def _lines(path: Path) -> list[str]:

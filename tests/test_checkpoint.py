@@ -183,3 +183,43 @@ def test_checkpoints_survive_sigkill_whole_or_not_at_all(tmp_path):
             _check_whole(store, path)
     assert killed_mid_run == KILLS      # the saver was killed while it was saving, every time
     assert len(store.list()) >= 3       # there was something to check
+
+
+def test_latest_at_most_skips_newer_checkpoints(tmp_path):
+    store = CheckpointStore(tmp_path)
+    for r in (2, 4, 6):
+        _save(store, r)
+    assert store.latest(at_most=5)[1]["round"] == 4
+    assert store.latest(at_most=1) is None
+    assert store.latest()[1]["round"] == 6
+
+
+def _log(mode_dir, host, device, rounds):
+    folder = mode_dir / host / device
+    folder.mkdir(parents=True, exist_ok=True)
+    for r in rounds:
+        (folder / f"iter-{r}.txt").write_text("{}")
+
+
+def test_a_restart_resumes_from_a_round_every_device_logged_and_forgets_the_rest(tmp_path):
+    """Rank 0 checkpoints round 6 before the slow worker, then killed, logs it: resuming from 6
+    would leave round 6 unlogged for that worker, so the restart goes back to round 4."""
+    from esync.launch import forget_rounds_after, rounds_logged_by_all
+    store = CheckpointStore(tmp_path / "checkpoints")
+    for r in (2, 4, 6):
+        _save(store, r)
+    _log(tmp_path, "localhost", "cpu0", range(1, 8))
+    _log(tmp_path, "localhost", "cpu1", range(1, 6))
+    (tmp_path / "evaluations.jsonl").write_text(
+        "".join(json.dumps({"round": r, "accuracy": 0.5}) + "\n" for r in (2, 6, 4)))
+    logged = rounds_logged_by_all(tmp_path, ["cpu0", "cpu1"])
+    assert logged == 5
+    assert rounds_logged_by_all(tmp_path, ["cpu0", "cpu1", "cpu2"]) == 0
+    done = store.latest(at_most=logged)[1]["round"]
+    assert done == 4
+    forget_rounds_after(tmp_path, store, done)
+    assert sorted(int(p.stem[5:]) for p in tmp_path.glob("*/cpu0/iter-*.txt")) == [1, 2, 3, 4]
+    assert sorted(int(p.stem[5:]) for p in tmp_path.glob("*/cpu1/iter-*.txt")) == [1, 2, 3, 4]
+    assert [p.name for p in store.list()] == ["round-00000002.npz", "round-00000004.npz"]
+    assert [json.loads(line)["round"] for line in
+            (tmp_path / "evaluations.jsonl").read_text().splitlines()] == [2, 4]

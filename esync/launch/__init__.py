@@ -204,24 +204,25 @@ class LocalCluster:
     def restart_plan(self, attempt: int):
         """Make the folder ready to resume from the last checkpoint; the plan that does it.
 
-        Logs of rounds after that checkpoint are deleted (they are run and written again), so
-        every round is logged once. With no checkpoint yet the job starts over.
+        The checkpoint resumed from is the newest one of a round that every device has logged:
+        rank 0 writes a round's checkpoint before a slower worker writes that round's log, so
+        the newest checkpoint may be a round that a killed worker never logged. Everything after
+        the chosen round (device logs, checkpoints, their scores) is deleted and run again, so
+        every round is logged once. With no such checkpoint the job starts over.
         """
         from esync.checkpoint import CheckpointError, CheckpointStore
         store = CheckpointStore(self.mode_dir / "checkpoints")
+        logged = rounds_logged_by_all(self.mode_dir, device_names(self.config.devices))
         try:
-            found = store.latest(network=self.args.network)
+            found = store.latest(network=self.args.network, at_most=logged)
         except CheckpointError as exc:
             raise RuntimeError(str(exc)) from None
         if found is None:
-            print("esync-cluster: no checkpoint yet; starting the job over", file=sys.stderr)
+            print("esync-cluster: no checkpoint of a round every device logged; starting the "
+                  "job over", file=sys.stderr)
             return self._replan(resume=False, overwrite=True)
         done = int(found[1]["round"])
-        for log in self.mode_dir.glob("*/*/iter-*.txt"):
-            if log.parent.parent.name in ("processes", "checkpoints"):
-                continue
-            if int(log.stem.split("-")[1]) > done:
-                log.unlink()
+        forget_rounds_after(self.mode_dir, store, done)
         store.clear_done()
         print(f"esync-cluster: resuming from {found[0].name} (round {done})", file=sys.stderr)
         return self._replan(resume=True, overwrite=False)
@@ -248,6 +249,58 @@ class LocalCluster:
         except (StateServerError, OSError) as exc:
             return f"  (no answer from {url}: {exc})"
         return _format_view(view)
+
+
+def _device_log_rounds(mode_dir: Path) -> dict[str, set[int]]:
+    """The rounds each device folder (``<host>/<device>/iter-N.txt``) has a log of."""
+    rounds: dict[str, set[int]] = {}
+    for log in mode_dir.glob("*/*/iter-*.txt"):
+        if log.parent.parent.name in ("processes", "checkpoints"):
+            continue
+        try:
+            rounds.setdefault(log.parent.name, set()).add(int(log.stem.split("-")[1]))
+        except ValueError:
+            continue
+    return rounds
+
+
+def rounds_logged_by_all(mode_dir: Path, devices) -> int:
+    """The last round R such that every device has logged rounds 1..R (0: none)."""
+    rounds = _device_log_rounds(mode_dir)
+    complete = []
+    for device in devices:
+        have, r = rounds.get(device, set()), 0
+        while r + 1 in have:
+            r += 1
+        complete.append(r)
+    return min(complete, default=0)
+
+
+def forget_rounds_after(mode_dir: Path, store, done: int) -> None:
+    """Delete what rounds after ``done`` left (device logs, checkpoints, scores): they run again."""
+    from esync.fsutil import atomic_write_text
+    for log in mode_dir.glob("*/*/iter-*.txt"):
+        if log.parent.parent.name in ("processes", "checkpoints"):
+            continue
+        try:
+            if int(log.stem.split("-")[1]) > done:
+                log.unlink()
+        except ValueError:
+            continue
+    for path in store.list():
+        if store.round_of(path) > done:
+            path.unlink()
+    scores = mode_dir / "evaluations.jsonl"
+    if scores.exists():
+        kept = []
+        for line in scores.read_text().splitlines():
+            try:
+                if int(json.loads(line)["round"]) > done:
+                    continue
+            except (ValueError, KeyError, TypeError):
+                pass
+            kept.append(line)
+        atomic_write_text(scores, "".join(f"{line}\n" for line in kept))
 
 
 def _format_view(view) -> str:
