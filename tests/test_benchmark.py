@@ -296,21 +296,47 @@ def test_standalone_and_by_class_rows_run_in_the_first_setting_only(data_dir, tm
                                                                     full_launcher):
     args = args_for(data_dir, tmp_path, "--modes", "sync,local", "--repeats", "2")
     jobs = plan.full_jobs(args, tmp_path, plan.rows(args), plan.settings(args, RATES),
-                          {"sync": 0.001, "local": 0.001})
+                          {"sync": 0.001, "local": 0.001, "sync-niid": 0.0003})
     rep1 = [(j.setting.name, j.name) for j in jobs if j.rep == 1]
     assert rep1 == [("loopback", "sync"), ("loopback", "local"), ("loopback", "sync-niid"),
                     ("netns", "sync")]
     assert len(jobs) == 8
 
 
-def test_tuning_runs_each_i_i_d_row_with_each_value(data_dir, tmp_path, full_launcher):
+def test_tuning_runs_each_row_on_its_own_data_with_each_value(data_dir, tmp_path,
+                                                                full_launcher):
     args = args_for(data_dir, tmp_path, "--modes", "async,dcasgd", "--tune-lr", "0.01,0.001",
                     "--tune-budget", "5")
     jobs = plan.tuning_jobs(args, tmp_path, plan.rows(args), plan.settings(args, RATES)[0])
     assert [(j.row.group, j.lr, j.budget) for j in jobs] == [
         ("async", 0.001, 5.0), ("async", 0.01, 5.0), ("dcasgd", 0.001, 5.0),
-        ("dcasgd", 0.01, 5.0)]
+        ("dcasgd", 0.01, 5.0), ("async-niid", 0.001, 5.0), ("async-niid", 0.01, 5.0),
+        ("dcasgd-niid", 0.001, 5.0), ("dcasgd-niid", 0.01, 5.0)]
     assert jobs[2].argv[jobs[2].argv.index("-dcasgd") + 1] == "1"
+    assert "-s" not in jobs[0].argv and jobs[4].argv[jobs[4].argv.index("-s") + 1] == "1"
+    full = plan.full_jobs(args, tmp_path, plan.rows(args), plan.settings(args, RATES)[:1],
+                          {"async": 0.01, "dcasgd": 0.01, "async-niid": 0.001,
+                           "dcasgd-niid": 0.001})
+    assert {j.name: j.lr for j in full} == {"async": 0.01, "dcasgd": 0.01, "async-niid": 0.001,
+                                            "dcasgd-niid": 0.001}
+
+
+@pytest.mark.parametrize("flags, splits", [
+    ((), [0, 1]), (("--data", "iid"), [0]), (("--data", "by-class"), [1]),
+    (("--no-niid",), [0]), (("--niid",), [0, 1]), (("--data", "iid", "--no-niid"), [0])])
+def test_data_option_picks_the_splits(data_dir, tmp_path, full_launcher, flags, splits):
+    args = args_for(data_dir, tmp_path, "--modes", "sync,local", *flags)
+    assert args.splits == splits
+    assert sorted({r.split for r in plan.rows(args)}) == splits
+    assert "--data" in options.canonical_command(args)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (("--data", "iid", "--niid"), "contradicts --niid"),
+    (("--data", "by-class", "--modes", "local"), "only the cluster modes")])
+def test_data_option_refuses_contradictions(data_dir, tmp_path, full_launcher, flags, message):
+    with pytest.raises(options.UsageError, match=message):
+        args_for(data_dir, tmp_path, *flags)
 
 
 def test_standalone_runs_with_one_thread():

@@ -5,13 +5,13 @@
     esync-benchmark --net netns --bandwidth 200mbit --server-bandwidth 200mbit --repeats 3
 
 Rows: every mode of ``--modes``; ESync once per aggregation rule of ``--aggregations``
-(``ESync (fednova)``, ``ESync (weighted + Nesterov 0.9, gl 0.7)``, ...); with ``--niid`` the
-cluster modes again on by-class data. Network settings (``--net both``, the default): loopback,
+(``ESync (fednova)``, ``ESync (weighted + Nesterov 0.9, gl 0.7)``, ...); with ``--data both``
+(the default) the cluster modes again on by-class data. Network settings (``--net both``, the default): loopback,
 and every host in its own network namespace with links shaped to the rate whose
 compute-to-communication ratio matches a real cluster (``shaping.py`` says how it is derived).
 
 Order: with ``--tune-lr`` (a learning-rate grid), first a short run of every row with each value
-(i.i.d. data, first setting); then the full runs, each row with its best value, one after the
+(first setting; a by-class row is tuned on by-class data, apart from its i.i.d. row); then the full runs, each row with its best value, one after the
 other, the same training-time budget each. Cluster modes run through the launcher as a
 subprocess (``python -m esync.launch ... --max-seconds BUDGET --quiet``), standalone SGD as
 ``main.py -m local`` on one device at full speed. Afterwards every run is summarised and

@@ -25,6 +25,8 @@ DEFAULT_AGGREGATIONS = "mean,fednova,weighted+nesterov=0.9+gl=0.7"
 # mean at -b 64 is 0.00078 summed. Three values a factor ~3.3 apart around it.
 DEFAULT_LR_GRID = "0.0003,0.001,0.003"
 AGGREGATION_RULES = ("mean", "weighted", "fednova")
+DATA_CHOICES = ("iid", "by-class", "both")
+SPLITS = {"iid": [0], "by-class": [1], "both": [0, 1]}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -229,9 +231,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--aggregations", default=DEFAULT_AGGREGATIONS,
                    help="ESync rows, one per item: RULE[+nesterov=M|+momentum=M][+gl=G] with "
                         "RULE one of " + ", ".join(AGGREGATION_RULES))
-    r.add_argument("--niid", action=argparse.BooleanOptionalAction, default=True,
-                   help="also run the cluster modes on by-class data (-s 1), in the first "
-                        "network setting")
+    r.add_argument("--data", choices=DATA_CHOICES, default=None,
+                   help="iid: shuffled shards (-s 0); by-class: the cluster modes on by-class "
+                        "data (-s 1, the original's class order), in the first network setting; "
+                        "both (default): the two, each tuned on its own")
+    r.add_argument("--niid", action=argparse.BooleanOptionalAction, default=None,
+                   help="--niid is --data both, --no-niid is --data iid")
     r.add_argument("--repeats", type=_positive_int, default=1,
                    help="run everything R times (cells: mean ± std)")
     r.add_argument("--policy", choices=POLICIES, default="planned",
@@ -264,6 +269,7 @@ def parse_args(argv) -> argparse.Namespace:
     args.slowdowns = parse_slowdowns(args.slowdown, args.workers)
     args.aggregation_list = parse_aggregations(args.aggregations)
     args.lr_grid = parse_lr_grid(args.tune_lr)
+    resolve_data(args)
     args.bandwidths = None if args.bandwidth == "auto" else parse_rates(args.bandwidth,
                                                                          "--bandwidth")
     args.server_rate = (None if args.server_bandwidth == "auto"
@@ -288,6 +294,20 @@ def parse_args(argv) -> argparse.Namespace:
         raise UsageError(f"argument --out: {out} already holds files (an earlier benchmark?); "
                          "choose another --out or pass --overwrite")
     return args
+
+
+def resolve_data(args) -> None:
+    """``--data`` (or its older spelling ``--niid``/``--no-niid``) -> ``args.splits``."""
+    from_niid = None if args.niid is None else ("both" if args.niid else "iid")
+    if args.data and from_niid and args.data != from_niid:
+        raise UsageError(f"argument --data: {args.data} contradicts "
+                         f"{'--niid' if args.niid else '--no-niid'}; give one of them")
+    args.data = args.data or from_niid or "both"
+    args.splits = SPLITS[args.data]
+    args.niid = 1 in args.splits
+    if args.data == "by-class" and not any(modes.get(m).cluster for m in args.mode_list):
+        raise UsageError("argument --data by-class: only the cluster modes run on by-class "
+                         f"data, and --modes {','.join(args.mode_list)} has none")
 
 
 # ----------------------------------------------------------------------------- launcher support
@@ -339,7 +359,7 @@ def canonical_command(args) -> str:
             "--server-bandwidth", args.server_bandwidth,
             "--budget", f"{args.budget:g}", "--modes", ",".join(args.mode_list),
             "--aggregations", ",".join(_aggregation_text(a) for a in args.aggregation_list),
-            "--niid" if args.niid else "--no-niid", "--repeats", str(args.repeats),
+            "--data", args.data, "--repeats", str(args.repeats),
             "--policy", args.policy, "--target", f"{args.target:g}",
             "--tune-lr", "none" if args.lr_grid is None else ",".join(f"{v:g}"
                                                                       for v in args.lr_grid),

@@ -84,19 +84,21 @@ def policies(args) -> list[str]:
 
 
 def rows(args) -> list[Row]:
-    """Every row in report order: i.i.d. rows, then by-class rows of the cluster modes."""
+    """Every row in report order: i.i.d. rows, then by-class rows of the cluster modes; each
+    (mode, variant, split) is a tuning group of its own."""
     found = []
-    splits = [0, 1] if args.niid else [0]
-    for split_value in splits:
+    for split_value in args.splits:
         split = modes.split(split_value)
         for name in args.mode_list:
             mode = modes.get(name)
             if split_value and not mode.cluster:
                 continue
             for base, label, extra in _variants(args, mode):
+                # A row's best rate on by-class data is not its i.i.d. one: its own group.
                 found.append(Row(name=base + split.suffix,
                                  label=label + (f" ({split.label})" if split.label else ""),
-                                 mode=name, split=split_value, extra=tuple(extra), group=base))
+                                 mode=name, split=split_value, extra=tuple(extra),
+                                 group=base + split.suffix))
     return found
 
 
@@ -138,7 +140,7 @@ def tuning_jobs(args, out: Path, all_rows: list[Row], setting: Setting) -> list[
         return []
     jobs, seen = [], set()
     for row in all_rows:
-        if row.group in seen or row.split:
+        if row.group in seen:
             continue
         seen.add(row.group)
         for lr in args.lr_grid:
