@@ -227,6 +227,19 @@ def _plan_rank(rank: int, s: int, durations, *, epsilon, overheads) -> int:
     return planned_k(durations[rank], durations[s], slack)
 
 
+@dataclass(frozen=True)
+class Decision:
+    """The dynamic policy's answer. ``budget`` (s) qualifies a "not ready": by the server's
+    clock, this worker would keep being told "not ready" for every iteration it starts within
+    ``budget - c`` seconds of this answer (as long as no report changes who is the slowest), so
+    it need not ask again before then. 0: ask before the next iteration."""
+    ready: bool
+    budget: float = 0.0
+
+
+READY, NOT_READY = Decision(True), Decision(False)
+
+
 @dataclass
 class RoundRecord:
     """One worker's closed round, on the server's clock."""
@@ -334,6 +347,10 @@ class JobState:
         ``t`` (optional, the caller's round): a report of an older round changes nothing and
         answers ready; a newer round is entered first.
         """
+        return self.decide(rank, k, c, t).ready
+
+    def decide(self, rank: int, k: int, c: float, t: int | None = None) -> Decision:
+        """``apply`` with the lease: how long this "not ready" answer stays true (``Decision``)."""
         rank, k, c = self._check_report(rank, k, c)
         t = self._check_optional_round(t)
         if self.policy != "dynamic":
@@ -342,25 +359,25 @@ class JobState:
             now = self._clock()
             me = self._workers[rank]
             if t is not None and t < me.round:
-                return True                               # a late retry of a finished round
+                return READY                              # a late retry of a finished round
             if t is not None and t > me.round:
                 self._enter(rank, t, now)
             self._record_report(me, k, c, now)
             self._dirty.add(rank)
-            if k == 0:
-                return False                              # everyone computes at least once
             s = self._slowest()
             slow = self._workers[s]
             if slow.round != self.current_round:
-                return False                              # the slowest has not started this round
-            if rank == s or slow.ready:
+                return NOT_READY                          # the slowest has not started this round
+            if k > 0 and (rank == s or slow.ready):
                 return self._become_ready(me)
-            if not slow.started:
-                return False                              # ... or not reported in it yet
-            remaining = slow.c - (now - slow.seen)
-            if c + self._slack(rank, s) > remaining:
+            if not slow.started or slow.ready or rank == s:
+                return NOT_READY                          # ... or not reported in it yet
+            budget = slow.c - (now - slow.seen) - self._slack(rank, s)
+            if k == 0:
+                return Decision(False, max(0.0, budget))  # everyone computes at least once
+            if c > budget:
                 return self._become_ready(me)
-            return False                                  # one more iteration fits
+            return Decision(False, budget)                # one more iteration fits
 
     def plan(self, rank: int, c: float, t: int | None = None) -> int:
         """Planned policy: local iterations for worker ``rank`` this round (last duration ``c``).
@@ -608,14 +625,14 @@ class JobState:
             self._new_records.append(record)
         return record
 
-    def _become_ready(self, me: _Worker) -> bool:
+    def _become_ready(self, me: _Worker) -> Decision:
         """Tell ``me`` to aggregate. The first "ready" of a round must survive a restart (the
         worker will not ask again: it is in the exchange, where the others need it), so it
         asks the caller to persist before answering."""
         if not me.ready:
             me.ready = True
             self._round_changed = True
-        return True
+        return READY
 
     def _record_report(self, me: _Worker, k: int, c: float, now: float) -> None:
         me.requests += 1

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import http.client
 import logging
+import math
 import secrets
 import threading
 import time
@@ -29,6 +30,7 @@ import requests
 import urllib3
 
 from esync.errors import UserError
+from esync.policy import Decision
 
 BACKOFF_FIRST = 0.05     # seconds before the first retry; doubles each time
 BACKOFF_MAX = 2.0        # longest pause between two tries
@@ -84,10 +86,20 @@ class StateClient:
 
     def apply(self, rank: int, k: int, c: float, t: int | None = None) -> bool:
         """Dynamic policy: should worker ``rank`` (in round ``t``) stop computing now?"""
+        return self.decide(rank, k, c, t).ready
+
+    def decide(self, rank: int, k: int, c: float, t: int | None = None) -> Decision:
+        """``apply`` with the answer's lease (``esync.policy.Decision``); a server that sends no
+        ``budget`` (an older one) gives 0: ask before every iteration, as the original did."""
         fields = {"r": rank, "k": k, "c": c}
         if t is not None:
             fields["t"] = t
-        return bool(self._post("apply", fields)["ready"])
+        answer = self._post("apply", fields)
+        budget = answer.get("budget", 0.0)
+        if isinstance(budget, bool) or not isinstance(budget, (int, float)) \
+                or not math.isfinite(budget) or budget < 0:
+            budget = 0.0
+        return Decision(bool(answer["ready"]), float(budget))
 
     def plan(self, rank: int, c: float, t: int | None = None) -> int:
         """Planned policy (one call per worker): local iterations to run in round ``t``."""

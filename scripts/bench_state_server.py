@@ -22,9 +22,12 @@ Protocols (each the trainer's real sequence of calls; compute is simulated by sl
     in use was.
 ``legacy`` (planned policy, the original client's two calls): every worker calls ``/plan/`` at
     the start of a round and ``/reset/`` after the exchange. 2 N requests per round.
-``apply`` (dynamic policy): every worker calls ``/apply/`` before each local iteration and
-    ``/reset/`` after the exchange; ``k`` per worker and round shows how much of the slowest
-    worker's iteration the faster ones filled, against what fits without any request latency.
+``apply`` (dynamic policy, as the trainer does it): a worker calls ``/apply/`` before a local
+    iteration unless the lease of the last "not ready" answer (its ``budget``) covers that
+    iteration; the round's first call enters the round (no ``/reset/``). ``--no-lease``: the
+    original client, ``/apply/`` before every iteration and ``/reset/`` after the exchange.
+    ``k`` per worker and round shows how much of the slowest worker's iteration the faster ones
+    filled, against what fits without any request latency.
 
 Figures: ``critical_path_ms_p50``/``_p99`` (per worker and round, the time spent waiting on
 coordination), ``requests_per_round``, ``errors``, ``requests_per_s``, per-endpoint latency
@@ -72,6 +75,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--iteration-ms", default=None,
                         help="comma-separated local-iteration times, assigned to ranks in turn "
                              "(default: 2,4,8 for planned, 10,20,50,100,150 for dynamic)")
+    parser.add_argument("--lease", action=argparse.BooleanOptionalAction, default=True,
+                        help="dynamic policy: skip the /apply/ calls a \"not ready\" answer's "
+                             "lease covers, as the trainer does (--no-lease: the original "
+                             "client, /apply/ before every iteration and /reset/ per round)")
     parser.add_argument("--server-threads", type=int, default=8, help="gunicorn threads")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", required=True, help="JSON file to write the figures to")
@@ -267,27 +274,39 @@ def run_legacy_protocol(url: str, args, recorder: Recorder) -> dict:
 
 
 def run_apply_protocol(url: str, args, recorder: Recorder) -> dict:
-    """Dynamic policy: /apply/ before every local iteration, /reset/ after the exchange."""
+    """Dynamic policy, as the trainer does it: ``/apply/`` before a local iteration unless the
+    last "not ready" answer's lease (``budget``) still covers it; the round's first call (k = 0,
+    t = the new round) enters it, so there is no ``/reset/`` (``--no-lease`` asks before every
+    iteration and resets after the exchange: the original client)."""
 
     def worker(rank: int, client: StateClient, barrier: threading.Barrier):
         rng = random.Random(args.seed * 100_003 + rank)
         c_i, last_c, ks = args.iterations[rank % len(args.iterations)], 0.0, []
         for t in range(1, args.rounds + 1):
-            spent, k = 0.0, 0
+            spent, k, lease_ends = 0.0, 0, 0.0
             while True:
-                started = time.perf_counter()
-                ready = recorder.call("apply", client.apply, rank, k, last_c, t)
-                spent += time.perf_counter() - started
-                if ready is None or (k > 0 and ready):
+                if k > 0 and args.lease and time.perf_counter() + last_c <= lease_ends:
+                    ready = False
+                else:
+                    started = time.perf_counter()
+                    decision = recorder.call("apply", client.decide, rank, k, last_c, t)
+                    spent += time.perf_counter() - started
+                    if decision is None:
+                        break
+                    ready = decision.ready
+                    lease_ends = started + decision.budget if not ready else 0.0
+                if k > 0 and ready:
                     break
                 last_c = jittered(rng, c_i)
                 time.sleep(last_c)
                 k += 1
             ks.append(k)
             barrier.wait()
-            started = time.perf_counter()
-            recorder.call("reset", client.reset, rank, t + 1)
-            recorder.add_critical(spent + time.perf_counter() - started)
+            if not args.lease:
+                started = time.perf_counter()
+                recorder.call("reset", client.reset, rank, t + 1)
+                spent += time.perf_counter() - started
+            recorder.add_critical(spent)
         return ks
 
     results = run_worker_threads(url, args, recorder, worker)
@@ -318,6 +337,7 @@ def bench(url: str, args) -> dict:
     requests_total = sum(len(v) for v in recorder.latency.values())
     critical = summary_ms(recorder.critical)
     return {"policy": args.policy, "protocol": args.protocol, "workers": args.workers,
+            **({"lease": args.lease} if args.protocol == "apply" else {}),
             "rounds": args.rounds, "iteration_ms": [c * 1e3 for c in args.iterations],
             "errors": len(recorder.errors), "first_errors": recorder.errors[:5],
             "requests": requests_total,

@@ -41,6 +41,65 @@ def start_round_two(job, clock, *, slow_c=1.0, fast_c=0.1):
     job.apply(0, 0, fast_c)
 
 
+# -- the lease: how long a "not ready" stays true ---------------------------------------------
+
+def test_a_not_ready_answer_carries_the_time_left_minus_the_slack(clock):
+    job = dynamic_job(clock, epsilon=0.05)
+    start_round_two(job, clock)                      # the slowest (c = 1 s) started at t = 0
+    assert job.decide(0, 0, 0.1).budget == pytest.approx(1.0 - 0.05)
+    clock.advance(0.1)
+    decision = job.decide(0, 1, 0.1)
+    assert not decision.ready and decision.budget == pytest.approx(0.9 - 0.05)
+
+
+def _three_workers_in_round_two(clock, epsilon):
+    """Ranks 0 (0.1 s), 1 (1 s, the slowest) and 2 (0.3 s) in round 2; the slowest started."""
+    job = dynamic_job(clock, num_workers=3, epsilon=epsilon)
+    for rank, c in ((0, 0.1), (1, 1.0), (2, 0.3)):
+        job.apply(rank, 1, c)
+    for rank in range(3):
+        job.enter_round(rank, 2)
+    job.apply(1, 0, 1.0)
+    return job
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 0.03, AUTO])
+@pytest.mark.parametrize("offset", [0.0, 0.013, 0.037])
+def test_asking_within_the_lease_would_have_answered_not_ready(clock, epsilon, offset):
+    """The lease is the server's own rule run forward. Side by side on one clock: a worker that
+    skips its reports within the lease, and one that asks before every iteration (the original
+    protocol). Every report skipped would have been "not ready", and both stop at the same k."""
+    leased, asking = (_three_workers_in_round_two(clock, epsilon) for _ in range(2))
+    clock.advance(offset)
+    lease, asked_at = leased.decide(0, 0, 0.1), clock.now
+    asking.apply(0, 0, 0.1)
+    k, skipped = 0, 0
+    while True:
+        clock.advance(0.1)
+        k += 1
+        ready = asking.apply(0, k, 0.1)
+        if clock.now - asked_at + 0.1 <= lease.budget:
+            skipped += 1
+            assert not ready, f"skipped the report of k={k}, which was the last"
+            continue
+        lease, asked_at = leased.decide(0, k, 0.1), clock.now
+        assert lease.ready == ready
+        if ready:
+            break
+    assert skipped >= 5 and 7 <= k <= 10
+
+
+def test_no_lease_before_the_slowest_has_started_or_for_the_slowest(clock):
+    job = dynamic_job(clock)
+    job.apply(0, 1, 0.1)
+    job.apply(1, 1, 1.0)
+    job.enter_round(0, 2)
+    job.enter_round(1, 2)
+    assert job.decide(0, 0, 0.1).budget == 0.0       # the slowest has not reported in round 2
+    assert job.decide(1, 0, 1.0).budget == 0.0       # the slowest itself: one iteration, ask
+    assert job.decide(0, 1, 0.1).budget > 0.0
+
+
 # -- the decision table of docs/ALGORITHM.md -------------------------------------------------------
 
 def test_first_report_of_a_round_is_never_ready(clock):

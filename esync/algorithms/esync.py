@@ -6,8 +6,10 @@ deltas through the parameter server with the rule of ``--aggregation`` and the o
 momentum (``esync.algorithms.aggregate`` holds the maths); batch-norm statistics are averaged.
 ``k_i`` comes from the state server:
 
-- ``--policy dynamic`` (the original): one ``/apply/`` request before every local iteration
-  ("one more?"), and one ``/reset/`` per round.
+- ``--policy dynamic`` (the original): ``/apply/`` ("one more?") before a local iteration, the
+  first of a round (k = 0) also entering the round (no ``/reset/``). A "not ready" answer
+  carries a lease (``budget``: how long, by the server's own rule, "not ready" stays true), so a
+  fast worker asks about 3 times per round, not before each of its iterations.
 - ``--policy planned``: no worker waits for HTTP. The exchange's control vector carries every
   worker's ``k_i`` and last iteration time ``c_i``; rank 0 reports them to the state server from a
   background thread (``POST /jobs/<job>/rounds/``) and writes the newest plan it got back into the
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 
 from mxnet import nd
 
@@ -46,6 +49,7 @@ class ESync(Algorithm):
         self.next_k = 1                      # planned policy: k_i of the coming round
         self.plan_sent = None                # round whose plan rank 0 wrote into the last push
         self.reported = None                 # rank 0: the control sum it reported last round
+        self.lease_ends = 0.0                # dynamic policy: no need to ask before this time
         if cfg.local_iters:
             return
         self.client = StateClient(cfg.state_url, job=cfg.job, token=cfg.state_token)
@@ -81,9 +85,13 @@ class ESync(Algorithm):
             return k < cfg.local_iters
         if cfg.policy == "planned":
             return k < self.next_k
+        if k > 0 and time.perf_counter() + last_c <= self.lease_ends:
+            return True                 # the server's last "not ready" still covers this one
+        asked = time.perf_counter()
         with record.phase("check ready"):
-            ready = self.client.apply(w.rank, k, last_c, t=w.round_no)
-        return k == 0 or not ready
+            decision = self.client.decide(w.rank, k, last_c, t=w.round_no)
+        self.lease_ends = asked + decision.budget if not decision.ready else 0.0
+        return k == 0 or not decision.ready
 
     def local_step(self, record) -> None:
         with record.phase("local update"):
@@ -126,20 +134,20 @@ class ESync(Algorithm):
         return plan
 
     def _coordinate(self, record, control) -> None:
-        """After the exchange: take the next k (planned) or tell the server the round is over."""
+        """After the exchange (planned policy): take the next k, hand the round to the reporter.
+
+        The dynamic policy has nothing to do here: the next round's first ``/apply/`` (k = 0,
+        t = the next round) enters it, so no ``/reset/`` is needed.
+        """
         cfg, w = self.config, self.worker
         self.reported = None
-        if self.client is None:
+        if self.client is None or cfg.policy != "planned":
             return
-        if cfg.policy == "planned":
-            if any(control.plan):
-                self.next_k = max(1, control.plan[w.rank])
-            if self.reporter is not None:
-                self.reporter.submit(w.round_no, control.k, control.c)
-                self.reported = control
-            return
-        with record.phase("reset state server"):
-            self.client.reset(w.rank, w.round_no + 1)
+        if any(control.plan):
+            self.next_k = max(1, control.plan[w.rank])
+        if self.reporter is not None:
+            self.reporter.submit(w.round_no, control.k, control.c)
+            self.reported = control
 
     def round_extras(self) -> dict:
         """Rank 0 under the planned policy: what it reported and which round's plan it sent."""

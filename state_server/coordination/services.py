@@ -25,7 +25,7 @@ import threading
 from django.db import close_old_connections, connection, transaction
 from django.utils import timezone
 
-from esync.policy import AUTO, Changes, JobRegistry, JobState
+from esync.policy import AUTO, Changes, Decision, JobRegistry, JobState
 
 from .models import Job, RoundReport, WorkerRound, WorkerState
 
@@ -226,18 +226,18 @@ def job_live(*, name: str) -> JobState:
 
 # -- worker calls -------------------------------------------------------------------------------
 
-def worker_apply(*, job: str, rank: int, k: int, c: float, t: int | None = None) -> bool:
-    """Dynamic policy: is the worker ready to aggregate?
+def worker_apply(*, job: str, rank: int, k: int, c: float, t: int | None = None) -> Decision:
+    """Dynamic policy: is the worker ready to aggregate (and for how long is "no" true)?
 
     No database write for an iteration; only a worker's first "ready" of a round (or a newer
     ``t``) is committed before the answer, since a restarted server must know who already
     left the local phase: that worker will not ask again, and the others wait for it.
     """
     live = job_live(name=job)
-    ready = live.apply(rank, k, c, t)
+    decision = live.decide(rank, k, c, t)
     if live.needs_persisting():
         persister.persist(live)
-    return ready
+    return decision
 
 
 def worker_plan(*, job: str, rank: int, c: float, t: int | None = None) -> int:

@@ -45,8 +45,8 @@ def apply(request, fields, job=DEFAULT_JOB):
     rank, k, c = int_field(fields, "r"), int_field(fields, "k"), float_field(fields, "c")
     t = int_field(fields, "t", required=False)
     _ignore_worker_timestamp(fields)
-    ready = services.worker_apply(job=job, rank=rank, k=k, c=c, t=t)
-    return {"ready": int(ready)}
+    decision = services.worker_apply(job=job, rank=rank, k=k, c=c, t=t)
+    return {"ready": int(decision.ready), "budget": round(decision.budget, 6)}
 
 
 @api("POST", changes_state=True)

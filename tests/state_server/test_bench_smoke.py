@@ -12,14 +12,16 @@ KEYS = {"critical_path_ms_p50", "critical_path_ms_p99", "requests_per_round", "e
         "endpoints"}
 
 
-@pytest.mark.parametrize("policy, protocol, endpoints", [
-    ("planned", "rounds", {"rounds"}), ("planned", "legacy", {"plan", "reset"}),
-    ("dynamic", "apply", {"apply", "reset"})])
-def test_bench_runs_the_protocol_and_reports_its_figures(tmp_path, policy, protocol, endpoints):
+@pytest.mark.parametrize("policy, protocol, extra, endpoints", [
+    ("planned", "rounds", (), {"rounds"}), ("planned", "legacy", (), {"plan", "reset"}),
+    ("dynamic", "apply", (), {"apply"}), ("dynamic", "apply", ("--no-lease",), {"apply", "reset"})])
+def test_bench_runs_the_protocol_and_reports_its_figures(tmp_path, policy, protocol, extra,
+                                                         endpoints):
     out = tmp_path / "bench.json"
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_state_server.py"),
                            "--workers", "4", "--rounds", "5", "--policy", policy,
-                           "--protocol", protocol, "--iteration-ms", "1,2", "--out", str(out)],
+                           "--protocol", protocol, "--iteration-ms", "1,2", *extra,
+                           "--out", str(out)],
                           capture_output=True, text=True, timeout=240)
     report = json.loads(out.read_text()) if out.exists() else {}
     assert (done.returncode, KEYS <= set(report), set(report.get("endpoints", ())),
