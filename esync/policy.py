@@ -16,6 +16,15 @@ Two policies, chosen per job at ``init``:
     it yet: its ``seen`` then dates from the previous round and ``remaining`` would be meaningless
     (unless it is already ready: after a restart it will not report again in this round).
 
+    The lease (``JobState.decide``): a "not ready" answer also says for how long the rule will
+    keep saying it, ``budget = remaining - slack_i`` (before the slowest has started, its whole
+    last ``c_s`` minus the slack: it starts after now). Any iteration the worker starts within
+    ``budget - c_i`` of the answer would be told "not ready", so the trainer does not ask for
+    it; it asks when the lease runs out, and the server, not the worker, says "ready". A fast
+    worker asks twice per round (k = 0, which also enters the round, and once at the end)
+    instead of before each iteration. A lease is never too long for the rule as it stood; if
+    the slowest then finishes early, the worker runs on for at most the difference.
+
 ``planned`` (new: one request per worker per round)
     ``JobState.plan(rank, c)`` is called once at the start of a round and returns
     ``k_i = max(1, floor((c_s - slack_i) / c_i))`` from the latest known ``c`` of every worker;
@@ -366,13 +375,18 @@ class JobState:
             self._dirty.add(rank)
             s = self._slowest()
             slow = self._workers[s]
-            if slow.round != self.current_round:
-                return NOT_READY                          # the slowest has not started this round
-            if k > 0 and (rank == s or slow.ready):
-                return self._become_ready(me)
-            if not slow.started or slow.ready or rank == s:
-                return NOT_READY                          # ... or not reported in it yet
-            budget = slow.c - (now - slow.seen) - self._slack(rank, s)
+            in_round = slow.round == self.current_round
+            if in_round and (rank == s or slow.ready):
+                # k = 0: everyone computes at least once
+                return self._become_ready(me) if k > 0 else NOT_READY
+            if rank == s:
+                return NOT_READY
+            lease = slow.c - self._slack(rank, s)
+            if not in_round or not slow.started:
+                # The slowest has not started this round (or not reported in it): not ready.
+                # It starts after now, so its iteration ends at least c_s from now.
+                return Decision(False, max(0.0, lease))
+            budget = lease - (now - slow.seen)            # remaining - slack
             if k == 0:
                 return Decision(False, max(0.0, budget))  # everyone computes at least once
             if c > budget:

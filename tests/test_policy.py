@@ -52,27 +52,38 @@ def test_a_not_ready_answer_carries_the_time_left_minus_the_slack(clock):
     assert not decision.ready and decision.budget == pytest.approx(0.9 - 0.05)
 
 
-def _three_workers_in_round_two(clock, epsilon):
-    """Ranks 0 (0.1 s), 1 (1 s, the slowest) and 2 (0.3 s) in round 2; the slowest started."""
+def _three_workers_in_round_two(clock, epsilon, slowest_started):
+    """Ranks 0 (0.1 s), 1 (1 s, the slowest) and 2 (0.3 s) in round 2."""
     job = dynamic_job(clock, num_workers=3, epsilon=epsilon)
     for rank, c in ((0, 0.1), (1, 1.0), (2, 0.3)):
         job.apply(rank, 1, c)
     for rank in range(3):
         job.enter_round(rank, 2)
-    job.apply(1, 0, 1.0)
+    if slowest_started:
+        job.apply(1, 0, 1.0)
     return job
 
 
 @pytest.mark.parametrize("epsilon", [0.0, 0.03, AUTO])
 @pytest.mark.parametrize("offset", [0.0, 0.013, 0.037])
-def test_asking_within_the_lease_would_have_answered_not_ready(clock, epsilon, offset):
+@pytest.mark.parametrize("slowest_first", [True, False])
+def test_asking_within_the_lease_would_have_answered_not_ready(clock, epsilon, offset,
+                                                                slowest_first):
     """The lease is the server's own rule run forward. Side by side on one clock: a worker that
     skips its reports within the lease, and one that asks before every iteration (the original
-    protocol). Every report skipped would have been "not ready", and both stop at the same k."""
-    leased, asking = (_three_workers_in_round_two(clock, epsilon) for _ in range(2))
-    clock.advance(offset)
+    protocol). Every report skipped would have been "not ready", and both stop at the same k.
+    ``slowest_first`` False: the fast worker asks first and the slowest starts ``offset`` later
+    (the lease then counts its whole iteration from the fast worker's first call)."""
+    leased, asking = (_three_workers_in_round_two(clock, epsilon, slowest_first)
+                      for _ in range(2))
+    if slowest_first:
+        clock.advance(offset)
     lease, asked_at = leased.decide(0, 0, 0.1), clock.now
     asking.apply(0, 0, 0.1)
+    if not slowest_first:
+        clock.advance(offset)
+        for job in (leased, asking):
+            job.apply(1, 0, 1.0)
     k, skipped = 0, 0
     while True:
         clock.advance(0.1)
@@ -89,15 +100,27 @@ def test_asking_within_the_lease_would_have_answered_not_ready(clock, epsilon, o
     assert skipped >= 5 and 7 <= k <= 10
 
 
-def test_no_lease_before_the_slowest_has_started_or_for_the_slowest(clock):
+def test_the_lease_before_the_slowest_starts_is_its_whole_last_iteration(clock):
+    job = dynamic_job(clock, epsilon=0.05)
+    job.apply(0, 1, 0.1)
+    job.apply(1, 1, 1.0)
+    job.enter_round(0, 2)                            # the slowest is still in round 1
+    first = job.decide(0, 0, 0.1)
+    assert (first.ready, first.budget) == (False, pytest.approx(0.95))
+    job.enter_round(1, 2)                            # entered, not reported: same
+    clock.advance(0.3)
+    later = job.decide(0, 1, 0.1)
+    assert (later.ready, later.budget) == (False, pytest.approx(0.95))
+
+
+def test_no_lease_for_the_slowest_or_before_any_duration_is_known(clock):
     job = dynamic_job(clock)
+    assert job.decide(0, 0, 0.0).budget == 0.0       # nobody has a duration yet
     job.apply(0, 1, 0.1)
     job.apply(1, 1, 1.0)
     job.enter_round(0, 2)
     job.enter_round(1, 2)
-    assert job.decide(0, 0, 0.1).budget == 0.0       # the slowest has not reported in round 2
     assert job.decide(1, 0, 1.0).budget == 0.0       # the slowest itself: one iteration, ask
-    assert job.decide(0, 1, 0.1).budget > 0.0
 
 
 # -- the decision table of docs/ALGORITHM.md -------------------------------------------------------

@@ -124,15 +124,15 @@ class Persister:
 def _write(job: JobState, changes: Changes) -> None:
     """One job's changes, inside the writer's transaction.
 
-    Plain SQL with ``executemany``: a round report of 256 workers writes 513 rows, which the
+    Plain SQL (``executemany`` for rows): a round report of 256 workers writes 513 rows, which the
     ORM's per-instance machinery would spend a hundred times longer preparing than SQLite
     spends writing.
     """
     job_id, run = job.storage_id, job.run
-    Job.objects.filter(pk=job_id, run=run, current_round__lt=changes.current_round).update(
-        current_round=changes.current_round)
     now = connection.ops.adapt_datetimefield_value(timezone.now())
     with connection.cursor() as cursor:
+        cursor.execute(_ADVANCE_JOB_ROUND, (changes.current_round, job_id, run,
+                                            changes.current_round))
         if changes.workers:
             cursor.executemany(_UPSERT_WORKER_STATE, [
                 (job_id, run, rank, w["round"], w["k"], w["c"], w["ready"], w["planned_k"],
@@ -147,6 +147,9 @@ def _write(job: JobState, changes: Changes) -> None:
                 (job_id, run, t, json.dumps(plan), now) for t, plan in changes.reports])
 
 
+_ADVANCE_JOB_ROUND = (
+    f"UPDATE {Job._meta.db_table} SET current_round = %s WHERE id = %s AND run = %s "
+    "AND current_round < %s")
 _UPSERT_WORKER_STATE = (
     f"INSERT INTO {WorkerState._meta.db_table} (job_id, run, rank, round, k, c, ready, "
     "planned_k, overhead, round_k, round_compute) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, "
