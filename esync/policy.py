@@ -370,7 +370,7 @@ class JobState:
             if t is not None and t < me.round:
                 return READY                              # a late retry of a finished round
             if t is not None and t > me.round:
-                self._enter(rank, t, now)
+                self._enter(rank, t, now, durable=False)
             self._record_report(me, k, c, now)
             self._dirty.add(rank)
             s = self._slowest()
@@ -619,8 +619,12 @@ class JobState:
     def _persisted(worker: _Worker) -> dict:
         return {name: getattr(worker, name) for name in PERSISTED_FIELDS}
 
-    def _enter(self, rank: int, t: int, now: float) -> RoundRecord | None:
-        """Move worker ``rank`` forward into round ``t`` (> its round); the closed record."""
+    def _enter(self, rank: int, t: int, now: float, *, durable: bool = True) -> RoundRecord | None:
+        """Move worker ``rank`` forward into round ``t`` (> its round); the closed record.
+
+        ``durable`` False: the entry need not be committed before the answer, only with the
+        next commit (an ``apply`` carries its round, so a server that lost the entry in a
+        restart is moved forward again by the worker's next call)."""
         me = self._workers[rank]
         if t > self.current_round:
             self.current_round = t
@@ -634,7 +638,7 @@ class JobState:
         me.started = False
         me.round = t
         self._dirty.add(rank)
-        self._round_changed = True
+        self._round_changed = self._round_changed or durable
         if record is not None:
             self._new_records.append(record)
         return record

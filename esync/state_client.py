@@ -7,7 +7,9 @@
     k_round = client.plan(rank, c, t)              # planned policy: once per round (legacy)
     plan = client.report_round(t, ks, cs)          # planned policy, rank 0, once per round
 
-One keep-alive connection (``requests.Session``) per client; use one client per thread.
+One keep-alive connection (a urllib3 connection pool of one) per client; use one client per
+thread. urllib3 rather than requests: a call costs the worker about a third of the CPU time
+(0.7 ms against 2 ms on the development machine), which a 10 ms local iteration notices.
 Every transport failure (refused or reset connections, timeouts, an answer cut off mid-body,
 protocol and decoding errors) and every 5xx answer is retried with exponential back-off for up
 to ``retry_for`` seconds, so a restart of the state server pauses a job instead of killing it.
@@ -20,13 +22,14 @@ sent, retries included (logged per round).
 from __future__ import annotations
 
 import http.client
+import json
 import logging
 import math
 import secrets
 import threading
 import time
+from urllib.parse import urlencode
 
-import requests
 import urllib3
 
 from esync.errors import UserError
@@ -42,12 +45,12 @@ ERR_NOT_JSON = "state server answered {path} with something that is not JSON (HT
 
 log = logging.getLogger(__name__)
 
+ERR_BAD_URL = "state server URL {url!r} is not http://HOST:PORT or https://HOST:PORT: {detail}"
+
 # Errors of the caller, not of the transport: retrying cannot help.
-PROGRAMMING_ERRORS = (requests.exceptions.InvalidURL, requests.exceptions.MissingSchema,
-                      requests.exceptions.InvalidSchema, requests.exceptions.URLRequired,
-                      requests.exceptions.InvalidHeader, requests.exceptions.InvalidJSONError)
-TRANSPORT_ERRORS = (requests.RequestException, urllib3.exceptions.HTTPError,
-                    http.client.HTTPException, ConnectionError, TimeoutError)
+PROGRAMMING_ERRORS = (urllib3.exceptions.LocationValueError,
+                      urllib3.exceptions.ProxySchemeUnknown)
+TRANSPORT_ERRORS = (urllib3.exceptions.HTTPError, http.client.HTTPException, OSError)
 
 
 class StateServerError(UserError, RuntimeError):
@@ -69,10 +72,20 @@ class StateClient:
         self.retry_for = retry_for
         self.requests_made = 0
         self._count_lock = threading.Lock()
-        self._session = requests.Session()
-        self._session.trust_env = False     # no proxy or .netrc look-ups: the server is on the LAN
+        try:
+            scheme = urllib3.util.parse_url(self.base_url).scheme
+            if scheme not in ("http", "https"):
+                raise urllib3.exceptions.LocationValueError(f"scheme {scheme!r}")
+            # No proxy from the environment (urllib3 reads none): the server is on the LAN.
+            self._pool = urllib3.connection_from_url(
+                self.base_url, maxsize=1, retries=False,
+                timeout=urllib3.Timeout(connect=timeout, read=timeout))
+        except PROGRAMMING_ERRORS as exc:
+            raise StateServerError(ERR_BAD_URL.format(url=base_url, detail=exc)) from None
+        self._prefix = (urllib3.util.parse_url(self.base_url).path or "").rstrip("/")
+        self._headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if token:
-            self._session.headers["Authorization"] = f"Bearer {token}"
+            self._headers["Authorization"] = f"Bearer {token}"
 
     # -- the API ------------------------------------------------------------------------
 
@@ -149,7 +162,7 @@ class StateClient:
         return self._request("GET", self._path("history"), params=params)
 
     def close(self) -> None:
-        self._session.close()
+        self._pool.close()
 
     def __enter__(self) -> "StateClient":
         return self
@@ -163,10 +176,11 @@ class StateClient:
         return f"/jobs/{self.job}/{action}/" if action else f"/jobs/{self.job}/"
 
     def _post(self, action: str, fields: dict) -> dict:
-        return self._request("POST", self._path(action), json=fields)
+        return self._request("POST", self._path(action), body=json.dumps(fields).encode())
 
-    def _request(self, method: str, path: str, **kwargs) -> dict:
-        url = self.base_url + path
+    def _request(self, method: str, path: str, *, body: bytes | None = None,
+                 params: dict | None = None) -> dict:
+        url = self._prefix + path + (f"?{urlencode(params)}" if params else "")
         deadline = time.monotonic() + self.retry_for
         pause = BACKOFF_FIRST
         failures = 0
@@ -174,18 +188,20 @@ class StateClient:
             with self._count_lock:
                 self.requests_made += 1
             try:
-                response = self._session.request(method, url, timeout=self.timeout, **kwargs)
-            except PROGRAMMING_ERRORS:
-                raise
+                response = self._pool.urlopen(method, url, body=body, headers=self._headers,
+                                              redirect=False, retries=False)
+            except PROGRAMMING_ERRORS as exc:
+                raise StateServerError(ERR_BAD_URL.format(url=self.base_url,
+                                                          detail=exc)) from None
             except TRANSPORT_ERRORS as exc:
                 detail = f"{type(exc).__name__}: {exc}"
             else:
-                if response.status_code < 500:
+                if response.status < 500:
                     if failures:
                         log.warning("state server %s answered %s again after %d failed tries",
                                     self.base_url, path, failures)
                     return self._decode(response, path)
-                detail = f"HTTP {response.status_code}"
+                detail = f"HTTP {response.status}"
             failures += 1
             if failures == 1:
                 log.warning("state server call %s %s failed (%s); retrying for up to %.0f s",
@@ -198,16 +214,17 @@ class StateClient:
             pause = min(pause * 2, BACKOFF_MAX)
 
     @staticmethod
-    def _decode(response: requests.Response, path: str) -> dict:
+    def _decode(response: urllib3.BaseHTTPResponse, path: str) -> dict:
+        status = response.status
         try:
-            data = response.json()
-        except ValueError:
-            raise StateServerError(ERR_NOT_JSON.format(path=path, status=response.status_code),
-                                   status=response.status_code) from None
-        if response.status_code >= 400:
+            data = json.loads(response.data)
+        except ValueError:                      # UnicodeDecodeError is one too
+            raise StateServerError(ERR_NOT_JSON.format(path=path, status=status),
+                                   status=status) from None
+        if status >= 400:
             message = data.get("error", "") if isinstance(data, dict) else str(data)
             field = data.get("field") if isinstance(data, dict) else None
-            raise StateServerError(ERR_REJECTED.format(path=path, status=response.status_code,
+            raise StateServerError(ERR_REJECTED.format(path=path, status=status,
                                                        message=message),
-                                   status=response.status_code, field=field)
+                                   status=status, field=field)
         return data

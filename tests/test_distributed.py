@@ -249,6 +249,10 @@ def test_esync_fast_worker_runs_about_four_local_steps_per_slow_one(tmp_path,
     slow = [r["k"] for r in logs["cpu1"]]
     assert set(slow) == {1}
     assert 3 <= np.median(fast) <= 5, fast
+    # The lease: the fast worker asks at the round's start and when the lease runs out, not
+    # before each of its iterations (k + 1 calls without it).
+    asked = [r["state_requests"] for r in logs["cpu0"][2:]]
+    assert np.median(asked) <= 3 < np.median(fast) + 1, (asked, fast)
     assert untrained_accuracy(data_dir) < 0.3 < 0.8 < scores(mode_dir)[-1]
     assert processes_mentioning(str(tmp_path)) == []
 

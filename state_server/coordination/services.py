@@ -6,12 +6,13 @@ process, many threads). The database keeps what a restart needs: the job (``Job`
 worker's round and state (``WorkerState``), the round reports and their plans (``RoundReport``),
 and the round history (``WorkerRound``).
 
-Persist before acknowledging: a call that changes a round (``reset``, ``rounds``, an ``apply`` or
-``plan`` that enters a newer round) answers only after the change is committed. Commits go
-through one writer thread that writes whatever is pending, from every job and request, in one
-transaction (group commit): 256 workers resetting at once cost a few transactions, not 256.
-``apply`` writes nothing for an iteration (the hot path of the dynamic policy); only a worker's
-first "ready" of a round is committed before its answer.
+Persist before acknowledging: a call that changes a round (``reset``, ``rounds``, a ``plan``
+that enters a newer round) answers only after the change is committed. Commits go through one
+writer thread that writes whatever is pending, from every job and request, in one transaction
+(group commit): 256 workers resetting at once cost a few transactions, not 256. ``apply`` (the
+hot path of the dynamic policy) waits for no commit, except for a worker's first "ready" of a
+round; the round it enters, carried by every call, is written with the next commit (a restart
+that lost it is moved forward again by the worker's next call).
 
 The first call for a job that is in the database but not in memory (after a restart) rebuilds it
 from its rows: configuration, every worker's round and state, the last round report.

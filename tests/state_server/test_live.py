@@ -35,6 +35,25 @@ def test_client_round_trip(server):
     assert client.requests_made == 6
 
 
+def test_client_gives_the_lease_and_history_query(server):
+    client = StateClient(server.url, job="lease", token=TOKEN)
+    client.init(2, epsilon=0.0)
+    client.apply(0, 1, 0.01)
+    client.apply(1, 1, 0.5)
+    client.reset(0, 2)
+    client.reset(1, 2)
+    client.apply(1, 0, 0.5, t=2)                      # the slowest starts round 2
+    decision = client.decide(0, 0, 0.01, t=2)
+    assert not decision.ready and 0.3 < decision.budget <= 0.5
+    assert [r["round"] for r in client.history(since=1, limit=1)["rounds"]] == [1]
+
+
+@pytest.mark.parametrize("url", ["ftp://127.0.0.1:1", "127.0.0.1:10010", "http://"])
+def test_client_refuses_a_url_that_is_not_http(url):
+    with pytest.raises(StateServerError, match="is not http://HOST:PORT"):
+        StateClient(url)
+
+
 def test_planned_round_trip(server):
     client = StateClient(server.url, job="planned", token=TOKEN)
     client.init(2, epsilon=0.0, policy="planned")

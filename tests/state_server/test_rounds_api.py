@@ -142,3 +142,23 @@ def test_after_a_restart_a_worker_is_not_kept_waiting_for_a_slowest_already_read
     services.registry.clear()                           # the server restarts
     answer = post(client, "apply", {"r": 0, "k": 1, "c": 0.01, "t": 2}, job="d")
     assert answer.json() == {"ready": 1, "budget": 0.0}
+
+
+def test_a_round_entered_by_apply_and_lost_in_a_restart_is_entered_again(client):
+    """The round an /apply/ enters is written with the next commit, not before the answer; a
+    restart in between loses it, and the workers' next calls (which carry t) enter it again."""
+    post(client, "init", {"num_workers": 2}, job="d")
+    for rank, c in ((0, 0.01), (1, 0.3)):               # round 1: both ready (committed)
+        post(client, "apply", {"r": rank, "k": 1, "c": c, "t": 1}, job="d")
+    for rank, c in ((1, 0.3), (0, 0.01)):               # round 2 entered, not committed yet
+        answer = post(client, "apply", {"r": rank, "k": 0, "c": c, "t": 2}, job="d")
+        assert answer.json()["ready"] == 0
+    assert WorkerState.objects.get(job__name="d", rank=0).round == 1
+    services.registry.clear()                           # the server restarts
+    slow = post(client, "apply", {"r": 1, "k": 1, "c": 0.3, "t": 2}, job="d")
+    fast = post(client, "apply", {"r": 0, "k": 1, "c": 0.01, "t": 2}, job="d")
+    assert (slow.json()["ready"], fast.json()["ready"]) == (1, 1)
+    assert [w["round"] for w in WorkerState.objects.filter(job__name="d").order_by(
+        "rank").values("round")] == [2, 2]
+    assert sorted(WorkerRound.objects.filter(job__name="d").values_list("round", "rank")) == [
+        (1, 0), (1, 1)]
