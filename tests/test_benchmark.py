@@ -323,7 +323,8 @@ def test_tuning_runs_each_row_on_its_own_data_with_each_value(data_dir, tmp_path
 
 @pytest.mark.parametrize("flags, splits", [
     ((), [0, 1]), (("--data", "iid"), [0]), (("--data", "by-class"), [1]),
-    (("--no-niid",), [0]), (("--niid",), [0, 1]), (("--data", "iid", "--no-niid"), [0])])
+    (("--no-niid",), [0]), (("--niid",), [0, 1]), (("--data", "iid", "--no-niid"), [0]),
+    (("--data", "by-class-shuffled"), [2]), (("--data", "iid,by-class-shuffled"), [0, 2])])
 def test_data_option_picks_the_splits(data_dir, tmp_path, full_launcher, flags, splits):
     args = args_for(data_dir, tmp_path, "--modes", "sync,local", *flags)
     assert args.splits == splits
@@ -333,7 +334,8 @@ def test_data_option_picks_the_splits(data_dir, tmp_path, full_launcher, flags, 
 
 @pytest.mark.parametrize("flags, message", [
     (("--data", "iid", "--niid"), "contradicts --niid"),
-    (("--data", "by-class", "--modes", "local"), "only the cluster modes")])
+    (("--data", "by-class", "--modes", "local"), "only the cluster modes"),
+    (("--data", "iid,by-kind"), "not a comma-separated list")])
 def test_data_option_refuses_contradictions(data_dir, tmp_path, full_launcher, flags, message):
     with pytest.raises(options.UsageError, match=message):
         args_for(data_dir, tmp_path, *flags)

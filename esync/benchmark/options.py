@@ -25,8 +25,9 @@ DEFAULT_AGGREGATIONS = "mean,fednova,weighted+nesterov=0.9+gl=0.7"
 # mean at -b 64 is 0.00078 summed. Three values a factor ~3.3 apart around it.
 DEFAULT_LR_GRID = "0.0003,0.001,0.003"
 AGGREGATION_RULES = ("mean", "weighted", "fednova")
-DATA_CHOICES = ("iid", "by-class", "both")
-SPLITS = {"iid": [0], "by-class": [1], "both": [0, 1]}
+# --data names of the splits (-s values); "both" is i.i.d. and by class, the default.
+DATA_SPLITS = {"iid": 0, "by-class": 1, "by-class-shuffled": 2}
+DATA_ALIASES = {"both": "iid,by-class"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -231,10 +232,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--aggregations", default=DEFAULT_AGGREGATIONS,
                    help="ESync rows, one per item: RULE[+nesterov=M|+momentum=M][+gl=G] with "
                         "RULE one of " + ", ".join(AGGREGATION_RULES))
-    r.add_argument("--data", choices=DATA_CHOICES, default=None,
-                   help="iid: shuffled shards (-s 0); by-class: the cluster modes on by-class "
-                        "data (-s 1, the original's class order), in the first network setting; "
-                        "both (default): the two, each tuned on its own")
+    r.add_argument("--data", default=None,
+                   help="comma-separated data splits: iid (shuffled shards, -s 0); by-class "
+                        "(-s 1: the original's class order, nearly single-class batches); "
+                        "by-class-shuffled (-s 2: the same shards, shuffled inside). The "
+                        "by-class ones run the cluster modes only, in the first network "
+                        "setting, each row tuned on its own. both (default): iid,by-class")
     r.add_argument("--niid", action=argparse.BooleanOptionalAction, default=None,
                    help="--niid is --data both, --no-niid is --data iid")
     r.add_argument("--repeats", type=_positive_int, default=1,
@@ -302,11 +305,17 @@ def resolve_data(args) -> None:
     if args.data and from_niid and args.data != from_niid:
         raise UsageError(f"argument --data: {args.data} contradicts "
                          f"{'--niid' if args.niid else '--no-niid'}; give one of them")
-    args.data = args.data or from_niid or "both"
-    args.splits = SPLITS[args.data]
-    args.niid = 1 in args.splits
-    if args.data == "by-class" and not any(modes.get(m).cluster for m in args.mode_list):
-        raise UsageError("argument --data by-class: only the cluster modes run on by-class "
+    text = args.data or from_niid or "both"
+    names = [n.strip() for n in DATA_ALIASES.get(text, text).split(",") if n.strip()]
+    unknown = [n for n in names if n not in DATA_SPLITS]
+    if unknown or not names:
+        raise UsageError(f"argument --data: {text!r} is not a comma-separated list of "
+                         f"{', '.join(DATA_SPLITS)} (or both)")
+    args.data = text
+    args.splits = sorted({DATA_SPLITS[n] for n in names})
+    args.niid = any(args.splits)
+    if 0 not in args.splits and not any(modes.get(m).cluster for m in args.mode_list):
+        raise UsageError(f"argument --data {text}: only the cluster modes run on by-class "
                          f"data, and --modes {','.join(args.mode_list)} has none")
 
 

@@ -107,10 +107,11 @@ def tuning_section(args, tuning: dict | None, rows, labels: dict) -> list[str]:
     grid = args.lr_grid
     L += [f"Each row's learning rate (`-l`, or `-ll` for ESync: lr × the gradient summed over "
           f"the batch) is the best of the grid {', '.join(f'{v:g}' for v in grid)}: one short "
-          f"run ({args.tune_budget:g} s of training) per value on the first network setting "
-          "with i.i.d. data; the best final test accuracy wins (ties: the smaller rate). "
-          "By-class and shaped-link rows use the value of their i.i.d. row. Cells: the short "
-          "run's final test accuracy; **bold**: chosen.", "",
+          f"run ({args.tune_budget:g} s of training) per value on the first network setting, "
+          "on the row's own data split (a by-class row is tuned on by-class data); the best "
+          "final test accuracy wins (ties: the smaller rate). Shaped-link rows use the value "
+          "of their loopback row. Cells: the short run's final test accuracy; **bold**: "
+          "chosen.", "",
           "| Row | " + " | ".join(f"lr {v:g}" for v in grid) + " | Chosen |",
           "| --- |" + " ---: |" * (len(grid) + 1)]
     for group, entry in tuning.items():
@@ -295,8 +296,10 @@ def render(args, *, jobs: list[Job], tune_jobs: list[Job], results: dict,
            started: datetime, seconds: float) -> str:
     out = Path(args.out)
     slow = ", ".join(f"×{f:g}" for f in args.slowdowns)
-    split = "i.i.d. (`-s 0`)" + (" and by class (`-s 1`, first network setting only)"
-                                 if args.niid else "")
+    split_names = {0: "i.i.d. (`-s 0`)", 1: "by class (`-s 1`, the original's class order)",
+                   2: "by class, shuffled inside each shard (`-s 2`)"}
+    split = " and ".join(split_names[v] for v in args.splits) + (
+        " (by class: first network setting only)" if args.niid else "")
     L = [f"# esync benchmark — {args.network}, {args.workers} workers ({slow})", ""]
     L += ["**Machine noise.** Every figure below comes from "
           + ("one run" if args.repeats == 1 else f"{args.repeats} runs")
@@ -390,7 +393,7 @@ def write_outputs(args, text: str, *, jobs, tune_jobs, results, tuning, shaping,
         "started": started.isoformat(timespec="seconds"), "seconds": round(seconds, 1),
         "config": {"workers": args.workers, "slowdowns": args.slowdowns,
                    "network": args.network, "batch_size": args.batch_size,
-                   "budget_s": args.budget, "modes": args.mode_list, "niid": args.niid,
+                   "budget_s": args.budget, "modes": args.mode_list, "niid": args.niid, "splits": args.splits,
                    "aggregations": [a.slug for a in args.aggregation_list],
                    "repeats": args.repeats, "policy": args.policy, "target": args.target,
                    "lr_grid": args.lr_grid, "tune_budget_s": args.tune_budget,
