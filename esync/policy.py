@@ -21,9 +21,11 @@ Two policies, chosen per job at ``init``:
     last ``c_s`` minus the slack: it starts after now). Any iteration the worker starts within
     ``budget - c_i`` of the answer would be told "not ready", so the trainer does not ask for
     it; it asks when the lease runs out, and the server, not the worker, says "ready". A fast
-    worker asks twice per round (k = 0, which also enters the round, and once at the end)
-    instead of before each iteration. A lease is never too long for the rule as it stood; if
-    the slowest then finishes early, the worker runs on for at most the difference.
+    worker asks twice per round (after its first iteration, which also enters the round, and
+    once at the end) instead of before each iteration (``esync.state_client.ReadinessAsker``).
+    A lease is never too long for the rule as it stood (a worker that may be the slowest waits
+    for its k = 0 answer before computing, so it starts after the server saw it); if the slowest
+    then finishes early, the worker runs on for at most the difference.
 
 ``planned`` (new: one request per worker per round)
     ``JobState.plan(rank, c)`` is called once at the start of a round and returns
@@ -370,7 +372,9 @@ class JobState:
             if t is not None and t < me.round:
                 return READY                              # a late retry of a finished round
             if t is not None and t > me.round:
-                self._enter(rank, t, now, durable=False)
+                # A fast worker's first call comes after its first k iterations: its round
+                # began about k * c ago (for the compute-versus-wait accounting).
+                self._enter(rank, t, now - k * c, durable=False)
             self._record_report(me, k, c, now)
             self._dirty.add(rank)
             s = self._slowest()

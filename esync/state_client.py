@@ -228,3 +228,45 @@ class StateClient:
                                                        message=message),
                                    status=status, field=field)
         return data
+
+
+class ReadinessAsker:
+    """The dynamic policy as a worker speaks it: ``continue_local`` before each local iteration.
+
+    - It asks ``/apply/`` only when the lease of the last "not ready" (``Decision.budget``) does
+      not cover the coming iteration; the server still says "ready".
+    - A worker that ran more than one iteration last round (a fast one) skips the round's first
+      question: its answer is always "not ready" (everyone computes once), and a fast worker's
+      burst of first questions would queue ahead of the slowest worker's, whose first question
+      starts the round's clock. Its first call (k = 1, with ``t``) enters the round.
+    - A worker that ran one iteration (possibly the slowest, or one whose k was unknown) asks at
+      k = 0 and waits for the answer before computing, so the server's clock for its iteration
+      never starts after the iteration does.
+    """
+
+    def __init__(self, client: StateClient, rank: int, *, clock=time.perf_counter):
+        self.client, self.rank, self.clock = client, rank, clock
+        self.lease_ends = 0.0
+        self.last_round_k = 1           # before round 1 nothing is known: ask at k = 0
+
+    def continue_local(self, k: int, last_c: float, t: int, *, timing=None) -> bool:
+        """True: run another local iteration in round ``t`` (``k`` done, the last took
+        ``last_c`` s). ``timing``: a context manager factory wrapped around each HTTP call."""
+        if k == 0:
+            self.lease_ends = 0.0
+            if self.last_round_k > 1:
+                return True
+        elif self.clock() + last_c <= self.lease_ends:
+            return True
+        asked = self.clock()
+        if timing is None:
+            decision = self.client.decide(self.rank, k, last_c, t)
+        else:
+            with timing():
+                decision = self.client.decide(self.rank, k, last_c, t)
+        if k > 0 and decision.ready:
+            self.lease_ends, self.last_round_k = 0.0, k
+            return False
+        self.lease_ends = asked + decision.budget
+        return True
+

@@ -22,9 +22,10 @@ Protocols (each the trainer's real sequence of calls; compute is simulated by sl
     in use was.
 ``legacy`` (planned policy, the original client's two calls): every worker calls ``/plan/`` at
     the start of a round and ``/reset/`` after the exchange. 2 N requests per round.
-``apply`` (dynamic policy, as the trainer does it): a worker calls ``/apply/`` before a local
-    iteration unless the lease of the last "not ready" answer (its ``budget``) covers that
-    iteration; the round's first call enters the round (no ``/reset/``). ``--no-lease``: the
+``apply`` (dynamic policy, as the trainer does it, through its ``ReadinessAsker``): a worker
+    calls ``/apply/`` before a local iteration unless the lease of the last "not ready" answer
+    (its ``budget``) covers that iteration; a fast worker skips the round's first question, and
+    its first call enters the round (no ``/reset/``). ``--no-lease``: the
     original client, ``/apply/`` before every iteration and ``/reset/`` after the exchange.
     ``k`` per worker and round shows how much of the slowest worker's iteration the faster ones
     filled, against what fits without any request latency.
@@ -38,6 +39,7 @@ latencies are an upper bound.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -54,7 +56,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from esync.state_client import StateClient  # noqa: E402
+from esync.policy import Decision  # noqa: E402
+from esync.state_client import ReadinessAsker, StateClient  # noqa: E402
 from esync.state_service import free_port, start_state_server, stop, wait_until_up  # noqa: E402
 
 JOB = "bench"
@@ -273,29 +276,51 @@ def run_legacy_protocol(url: str, args, recorder: Recorder) -> dict:
     return {}
 
 
+class RecordedDecisions:
+    """A StateClient whose ``decide`` calls are timed and counted by the recorder (a failed
+    call counts as an error and ends the worker's round)."""
+
+    def __init__(self, client: StateClient, recorder: Recorder):
+        self.client, self.recorder = client, recorder
+
+    def decide(self, *args):
+        return self.recorder.call("apply", self.client.decide, *args) or Decision(True)
+
+
+class Stopwatch:
+    """A context-manager factory that adds up the time spent inside it."""
+
+    def __init__(self):
+        self.spent = 0.0
+
+    @contextlib.contextmanager
+    def __call__(self):
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.spent += time.perf_counter() - started
+
+
 def run_apply_protocol(url: str, args, recorder: Recorder) -> dict:
-    """Dynamic policy, as the trainer does it: ``/apply/`` before a local iteration unless the
-    last "not ready" answer's lease (``budget``) still covers it; the round's first call (k = 0,
-    t = the new round) enters it, so there is no ``/reset/`` (``--no-lease`` asks before every
-    iteration and resets after the exchange: the original client)."""
+    """Dynamic policy. With the lease (the default), each worker asks through the trainer's own
+    ``esync.state_client.ReadinessAsker``; ``--no-lease`` is the original client: ``/apply/``
+    before every local iteration and ``/reset/`` after the exchange."""
 
     def worker(rank: int, client: StateClient, barrier: threading.Barrier):
         rng = random.Random(args.seed * 100_003 + rank)
         c_i, last_c, ks = args.iterations[rank % len(args.iterations)], 0.0, []
+        asker = ReadinessAsker(RecordedDecisions(client, recorder), rank)
         for t in range(1, args.rounds + 1):
-            spent, k, lease_ends = 0.0, 0, 0.0
+            watch, k = Stopwatch(), 0
             while True:
-                if k > 0 and args.lease and time.perf_counter() + last_c <= lease_ends:
-                    ready = False
+                if args.lease:
+                    go_on = asker.continue_local(k, last_c, t, timing=watch)
                 else:
-                    started = time.perf_counter()
-                    decision = recorder.call("apply", client.decide, rank, k, last_c, t)
-                    spent += time.perf_counter() - started
-                    if decision is None:
-                        break
-                    ready = decision.ready
-                    lease_ends = started + decision.budget if not ready else 0.0
-                if k > 0 and ready:
+                    with watch():
+                        decision = recorder.call("apply", client.decide, rank, k, last_c, t)
+                    go_on = decision is not None and (k == 0 or not decision.ready)
+                if not go_on:
                     break
                 last_c = jittered(rng, c_i)
                 time.sleep(last_c)
@@ -303,10 +328,9 @@ def run_apply_protocol(url: str, args, recorder: Recorder) -> dict:
             ks.append(k)
             barrier.wait()
             if not args.lease:
-                started = time.perf_counter()
-                recorder.call("reset", client.reset, rank, t + 1)
-                spent += time.perf_counter() - started
-            recorder.add_critical(spent)
+                with watch():
+                    recorder.call("reset", client.reset, rank, t + 1)
+            recorder.add_critical(watch.spent)
         return ks
 
     results = run_worker_threads(url, args, recorder, worker)

@@ -6,10 +6,11 @@ deltas through the parameter server with the rule of ``--aggregation`` and the o
 momentum (``esync.algorithms.aggregate`` holds the maths); batch-norm statistics are averaged.
 ``k_i`` comes from the state server:
 
-- ``--policy dynamic`` (the original): ``/apply/`` ("one more?") before a local iteration, the
-  first of a round (k = 0) also entering the round (no ``/reset/``). A "not ready" answer
-  carries a lease (``budget``: how long, by the server's own rule, "not ready" stays true), so a
-  fast worker asks about 3 times per round, not before each of its iterations.
+- ``--policy dynamic`` (the original's decision): ``/apply/`` ("one more?") as
+  ``esync.state_client.ReadinessAsker`` asks it: a "not ready" answer carries a lease
+  (``budget``: how long, by the server's own rule, "not ready" stays true), a fast worker skips
+  the round's first question, and a worker's first call of a round enters it (no ``/reset/``).
+  A fast worker asks twice per round, not before each of its iterations.
 - ``--policy planned``: no worker waits for HTTP. The exchange's control vector carries every
   worker's ``k_i`` and last iteration time ``c_i``; rank 0 reports them to the state server from a
   background thread (``POST /jobs/<job>/rounds/``) and writes the newest plan it got back into the
@@ -23,13 +24,12 @@ from __future__ import annotations
 
 import queue
 import threading
-import time
 
 from mxnet import nd
 
 from esync.algorithms import aggregate
 from esync.algorithms.base import Algorithm, datas
-from esync.state_client import StateClient
+from esync.state_client import ReadinessAsker, StateClient
 
 MOMENTUM_STATE = "outer_momentum.{}"     # checkpoint names of the outer optimizer's buffers
 MAX_REPORTS_PER_CALL = 64                # the state server's limit for one batch of round reports
@@ -49,10 +49,10 @@ class ESync(Algorithm):
         self.next_k = 1                      # planned policy: k_i of the coming round
         self.plan_sent = None                # round whose plan rank 0 wrote into the last push
         self.reported = None                 # rank 0: the control sum it reported last round
-        self.lease_ends = 0.0                # dynamic policy: no need to ask before this time
         if cfg.local_iters:
             return
         self.client = StateClient(cfg.state_url, job=cfg.job, token=cfg.state_token)
+        self.asker = ReadinessAsker(self.client, w.rank)
         if w.rank == 0:
             # Before the KVStore barrier in init: no worker reports before the job exists.
             self.client.init(w.num_workers, epsilon=cfg.epsilon, policy=cfg.policy)
@@ -85,13 +85,8 @@ class ESync(Algorithm):
             return k < cfg.local_iters
         if cfg.policy == "planned":
             return k < self.next_k
-        if k > 0 and time.perf_counter() + last_c <= self.lease_ends:
-            return True                 # the server's last "not ready" still covers this one
-        asked = time.perf_counter()
-        with record.phase("check ready"):
-            decision = self.client.decide(w.rank, k, last_c, t=w.round_no)
-        self.lease_ends = asked + decision.budget if not decision.ready else 0.0
-        return k == 0 or not decision.ready
+        return self.asker.continue_local(k, last_c, w.round_no,
+                                         timing=lambda: record.phase("check ready"))
 
     def local_step(self, record) -> None:
         with record.phase("local update"):

@@ -1,0 +1,89 @@
+"""esync.state_client.ReadinessAsker: the dynamic policy's questions as workers ask them, run
+against the real decision logic (esync.policy.JobState) on one simulated clock."""
+from esync.policy import Decision, JobState
+from esync.state_client import ReadinessAsker
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+class InProcessServer:
+    """The state server's decision for one worker, without HTTP; counts the calls."""
+
+    def __init__(self, job: JobState):
+        self.job, self.calls = job, []
+
+    def decide(self, rank, k, c, t):
+        self.calls.append((rank, k, t))
+        return self.job.decide(rank, k, c, t)
+
+
+def run_round(clock, job, workers, t):
+    """Every worker of ``workers`` ({rank: (asker, c)}) runs round t, in time order; their k.
+
+    The slowest-first order of equal start times is how the exchange releases them at once."""
+    state = {rank: {"k": 0, "free_at": clock.now, "done": False} for rank in workers}
+    start = clock.now
+    while not all(s["done"] for s in state.values()):
+        rank = min((r for r in state if not state[r]["done"]),
+                   key=lambda r: (state[r]["free_at"], -workers[r][1]))
+        clock.now = state[rank]["free_at"]
+        asker, c = workers[rank]
+        last_c = c if (t > 1 or state[rank]["k"]) else 0.0
+        if asker.continue_local(state[rank]["k"], last_c, t):
+            state[rank]["k"] += 1
+            state[rank]["free_at"] = clock.now + c
+        else:
+            state[rank]["done"] = True
+    clock.now = max(s["free_at"] for s in state.values())
+    assert clock.now >= start
+    return {rank: s["k"] for rank, s in state.items()}
+
+
+def test_fast_workers_ask_twice_a_round_and_do_what_fits():
+    clock = Clock()
+    job = JobState(num_workers=3, epsilon=0.0, policy="dynamic", clock=clock)
+    server = InProcessServer(job)
+    durations = {0: 0.01, 1: 0.15, 2: 0.05}
+    workers = {r: (ReadinessAsker(server, r, clock=clock), c) for r, c in durations.items()}
+    for t in range(1, 6):
+        server.calls.clear()
+        ks = run_round(clock, job, workers, t)
+    assert ks == {0: 15, 1: 1, 2: 3}
+    calls = {r: sum(1 for call in server.calls if call[0] == r) for r in durations}
+    assert calls == {0: 2, 1: 2, 2: 2}
+    # The fast ones skipped k = 0: their first call of the round is at k = 1 and enters it.
+    first = {r: next(call for call in server.calls if call[0] == r) for r in durations}
+    assert first == {0: (0, 1, 5), 1: (1, 0, 5), 2: (2, 1, 5)}
+
+
+def test_a_worker_that_ran_once_asks_before_computing_and_round_one_asks_everyone():
+    clock = Clock()
+    job = JobState(num_workers=2, epsilon=0.0, policy="dynamic", clock=clock)
+    server = InProcessServer(job)
+    fast, slow = (ReadinessAsker(server, r, clock=clock) for r in (0, 1))
+    assert fast.continue_local(0, 0.0, 1) and slow.continue_local(0, 0.0, 1)
+    assert [call[1] for call in server.calls] == [0, 0]
+
+
+def test_without_a_lease_it_asks_before_every_iteration():
+    """An older server (no budget in its answer): the original protocol, one call a step."""
+
+    class OldServer(InProcessServer):
+        def decide(self, rank, k, c, t):
+            self.calls.append((rank, k, t))
+            return Decision(self.job.decide(rank, k, c, t).ready)
+
+    clock = Clock()
+    job = JobState(num_workers=2, epsilon=0.0, policy="dynamic", clock=clock)
+    server = OldServer(job)
+    workers = {r: (ReadinessAsker(server, r, clock=clock), c) for r, c in ((0, 0.01), (1, 0.1))}
+    for t in (1, 2, 3):
+        server.calls.clear()
+        ks = run_round(clock, job, workers, t)
+    assert ks[0] >= 8 and sum(1 for call in server.calls if call[0] == 0) >= ks[0]
