@@ -86,7 +86,7 @@ def read_fields(request, limit: int | None = None,
         if len(body) > limit:
             raise FieldError(ERR_BODY_TOO_LARGE.format(limit=limit), None, 413)
         if request.content_type == "application/json" or body.lstrip()[:1] == b"{":
-            return _json_fields(body, max_containers)
+            return json_fields(body, max_containers)
         return {key: request.POST.get(key) for key in request.POST}
     except RequestDataTooBig:
         raise FieldError(ERR_BODY_TOO_LARGE.format(limit=limit), None, 413) from None
@@ -99,7 +99,7 @@ def _detail(exc: Exception) -> str:
     return _short(text.encode("ascii", "backslashreplace").decode("ascii"), 120)
 
 
-def _json_fields(body: bytes, max_containers: int = MAX_JSON_CONTAINERS) -> dict:
+def json_fields(body: bytes, max_containers: int = MAX_JSON_CONTAINERS) -> dict:
     if body.count(b"[") + body.count(b"{") > max_containers:
         raise FieldError(ERR_BODY_NESTED.format(limit=max_containers))
     try:
@@ -193,7 +193,12 @@ def _short(value, limit: int = 40) -> str:
 
 def header_token(request) -> str | None:
     """The token of an ``Authorization: Bearer`` header, or None."""
-    header = request.META.get("HTTP_AUTHORIZATION", "")
+    return bearer_token(request.META)
+
+
+def bearer_token(meta: dict) -> str | None:
+    """``header_token`` of a WSGI environ (Django's ``request.META`` is one)."""
+    header = meta.get("HTTP_AUTHORIZATION", "")
     given = header[7:].strip() if header[:7].lower() == "bearer " else ""
     return given or None
 

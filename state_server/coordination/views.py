@@ -42,6 +42,12 @@ def init(request, fields, job=DEFAULT_JOB):
 
 @api("POST", changes_state=True)
 def apply(request, fields, job=DEFAULT_JOB):
+    return apply_answer(fields, job)
+
+
+def apply_answer(fields: dict, job: str) -> dict:
+    """The ``apply`` view's work on parsed, authenticated fields (``coordination.fastpath``
+    calls it too)."""
     rank, k, c = int_field(fields, "r"), int_field(fields, "k"), float_field(fields, "c")
     t = int_field(fields, "t", required=False)
     _ignore_worker_timestamp(fields)

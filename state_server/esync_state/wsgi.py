@@ -23,9 +23,10 @@ from django.core.wsgi import get_wsgi_application  # noqa: E402
 
 django_application = get_wsgi_application()         # sets Django up
 
+from coordination.fastpath import fast_apply  # noqa: E402
 from coordination.http import json_error_guard  # noqa: E402
 
-application = json_error_guard(django_application)
+application = json_error_guard(fast_apply(django_application))
 call_command("migrate", interactive=False, verbosity=0)   # a fresh database just works
 
 if settings.ESYNC_STATE_TOKEN_GENERATED:
