@@ -73,7 +73,8 @@ class StateClient:
         self.requests_made = 0
         self._count_lock = threading.Lock()
         try:
-            scheme = urllib3.util.parse_url(self.base_url).scheme
+            parsed = urllib3.util.parse_url(self.base_url)
+            scheme = parsed.scheme
             if scheme not in ("http", "https"):
                 raise urllib3.exceptions.LocationValueError(f"scheme {scheme!r}")
             # No proxy from the environment (urllib3 reads none): the server is on the LAN.
@@ -82,7 +83,7 @@ class StateClient:
                 timeout=urllib3.Timeout(connect=timeout, read=timeout))
         except PROGRAMMING_ERRORS as exc:
             raise StateServerError(ERR_BAD_URL.format(url=base_url, detail=exc)) from None
-        self._prefix = (urllib3.util.parse_url(self.base_url).path or "").rstrip("/")
+        self._prefix = (parsed.path or "").rstrip("/")
         self._headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if token:
             self._headers["Authorization"] = f"Bearer {token}"

@@ -251,22 +251,22 @@ class LocalCluster:
         return _format_view(view)
 
 
-def _device_log_rounds(mode_dir: Path) -> dict[str, set[int]]:
-    """The rounds each device folder (``<host>/<device>/iter-N.txt``) has a log of."""
-    rounds: dict[str, set[int]] = {}
+def _device_logs(mode_dir: Path):
+    """(device, round, path) of every round log (``<host>/<device>/iter-N.txt``)."""
     for log in mode_dir.glob("*/*/iter-*.txt"):
         if log.parent.parent.name in ("processes", "checkpoints"):
             continue
         try:
-            rounds.setdefault(log.parent.name, set()).add(int(log.stem.split("-")[1]))
+            yield log.parent.name, int(log.stem.split("-")[1]), log
         except ValueError:
             continue
-    return rounds
 
 
 def rounds_logged_by_all(mode_dir: Path, devices) -> int:
     """The last round R such that every device has logged rounds 1..R (0: none)."""
-    rounds = _device_log_rounds(mode_dir)
+    rounds: dict[str, set[int]] = {}
+    for device, round_no, _ in _device_logs(mode_dir):
+        rounds.setdefault(device, set()).add(round_no)
     complete = []
     for device in devices:
         have, r = rounds.get(device, set()), 0
@@ -279,14 +279,9 @@ def rounds_logged_by_all(mode_dir: Path, devices) -> int:
 def forget_rounds_after(mode_dir: Path, store, done: int) -> None:
     """Delete what rounds after ``done`` left (device logs, checkpoints, scores): they run again."""
     from esync.fsutil import atomic_write_text
-    for log in mode_dir.glob("*/*/iter-*.txt"):
-        if log.parent.parent.name in ("processes", "checkpoints"):
-            continue
-        try:
-            if int(log.stem.split("-")[1]) > done:
-                log.unlink()
-        except ValueError:
-            continue
+    for _, round_no, log in _device_logs(mode_dir):
+        if round_no > done:
+            log.unlink()
     for path in store.list():
         if store.round_of(path) > done:
             path.unlink()
