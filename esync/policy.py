@@ -23,9 +23,11 @@ Two policies, chosen per job at ``init``:
     it; it asks when the lease runs out, and the server, not the worker, says "ready". A fast
     worker asks twice per round (after its first iteration, which also enters the round, and
     once at the end) instead of before each iteration (``esync.state_client.ReadinessAsker``).
-    A lease is never too long for the rule as it stood (a worker that may be the slowest waits
-    for its k = 0 answer before computing, so it starts after the server saw it); if the slowest
-    then finishes early, the worker runs on for at most the difference.
+    The worker counts the lease from the answer's arrival (the budget was computed after the
+    call's wait in the server's queue, which under load is most of a call), so a lease is too
+    long for the rule as it stood by at most the answer's transit back (a worker that may be the
+    slowest waits for its k = 0 answer before computing, so it starts after the server saw it);
+    if the slowest then finishes early, the worker runs on for at most the difference.
 
 ``planned`` (new: one request per worker per round)
     ``JobState.plan(rank, c)`` is called once at the start of a round and returns

@@ -243,6 +243,10 @@ class ReadinessAsker:
     - A worker that ran one iteration (possibly the slowest, or one whose k was unknown) asks at
       k = 0 and waits for the answer before computing, so the server's clock for its iteration
       never starts after the iteration does.
+    - The lease runs from the answer's arrival: the server decided between the question and the
+      answer, and under load most of a call is its wait in the server's queue, before the
+      decision. The lease can thus end late by the answer's transit back (well under a
+      millisecond on a LAN), far inside the ``c_i / N`` overshoot the automatic slack accepts.
     """
 
     def __init__(self, client: StateClient, rank: int, *, clock=time.perf_counter):
@@ -259,7 +263,6 @@ class ReadinessAsker:
                 return True
         elif self.clock() + last_c <= self.lease_ends:
             return True
-        asked = self.clock()
         if timing is None:
             decision = self.client.decide(self.rank, k, last_c, t)
         else:
@@ -268,6 +271,8 @@ class ReadinessAsker:
         if k > 0 and decision.ready:
             self.lease_ends, self.last_round_k = 0.0, k
             return False
-        self.lease_ends = asked + decision.budget
+        # Counted from the answer: the server computed the budget when it took the call, after
+        # the call's wait in its queue (most of a call under load), not when it was sent.
+        self.lease_ends = self.clock() + decision.budget
         return True
 

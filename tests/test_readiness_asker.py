@@ -87,3 +87,32 @@ def test_without_a_lease_it_asks_before_every_iteration():
         server.calls.clear()
         ks = run_round(clock, job, workers, t)
     assert ks[0] >= 8 and sum(1 for call in server.calls if call[0] == 0) >= ks[0]
+
+
+def test_the_lease_counts_from_the_answer_not_from_the_question():
+    """Under load a call waits in the server's queue before it is decided; the budget is
+    computed then, so a lease counted from the question would end early by that wait (and
+    cost the fast worker iterations and a call)."""
+
+    class QueuedServer:
+        def __init__(self, clock, queue, budget):
+            self.clock, self.queue, self.budget, self.calls = clock, queue, budget, 0
+
+        def decide(self, rank, k, c, t):
+            self.calls += 1
+            self.clock.now += self.queue                  # waiting behind other workers' calls
+            return Decision(False, self.budget)
+
+    clock = Clock()
+    server = QueuedServer(clock, queue=0.02, budget=0.1)
+    asker = ReadinessAsker(server, 0, clock=clock)
+    asked = clock.now
+    assert asker.continue_local(0, 0.0, 1) and server.calls == 1
+    # Iterations of 10 ms that end within 100 ms of the answer (20 ms after the question).
+    for k in range(1, 10):
+        clock.now = asked + 0.02 + (k - 1) * 0.01 + 0.01
+        assert asker.continue_local(k, 0.01, 1)
+    assert server.calls == 1
+    clock.now = asked + 0.02 + 0.095                  # the next one would end after the lease
+    asker.continue_local(10, 0.01, 1)
+    assert server.calls == 2
