@@ -33,6 +33,24 @@ def children_die_with_pytest():
     yield
     subprocess.Popen.__init__ = original
 
+
+
+@pytest.fixture(autouse=True, scope="session")
+def sigint_as_at_a_terminal():
+    """Processes the tests start get SIGINT's default action, as at a terminal, even when pytest
+    was started with SIGINT ignored (``nohup``, or ``cmd &`` in a script): ignored dispositions
+    are inherited across exec, and the launcher deliberately keeps ignoring a SIGINT its parent
+    ignored, so the Ctrl-C tests would wait for a launcher that cannot hear them. A handler, not
+    SIG_IGN, in pytest resets to the default in every child."""
+    import signal
+
+    previous = signal.getsignal(signal.SIGINT)
+    if previous == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    if previous == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, previous)
+
 # end of process hygiene ------------------------------------------------------------------------
 
 
