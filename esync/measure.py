@@ -4,6 +4,7 @@ Phase timers wait for MXNet's engine (``nd.waitall()``) before reading the clock
 asynchronously, so without the wait a phase would only measure how long it took to *enqueue* work.
 """
 import json
+import math
 import os
 import time
 from contextlib import contextmanager
@@ -17,6 +18,13 @@ from esync.fsutil import atomic_write_text
 
 class LogDirError(UserError):
     pass
+
+
+def finite_or_null(log: dict) -> dict:
+    """``log`` with every NaN or infinite top-level number as None: JSON has no NaN, and a
+    diverged run's loss must still leave a log that every JSON reader (summary, jq) accepts."""
+    return {key: None if isinstance(value, float) and not math.isfinite(value) else value
+            for key, value in log.items()}
 
 
 class RoundRecord:
@@ -94,4 +102,4 @@ class RoundLogWriter:
             log["accuracy"] = accuracy
         log.update(record.extras)
         path = self.folder / f"iter-{record.number}.txt"
-        return atomic_write_text(path, json.dumps(log))
+        return atomic_write_text(path, json.dumps(finite_or_null(log), allow_nan=False))

@@ -4,6 +4,7 @@ A round is: local iterations while the algorithm says so (one for sync/async/loc
 ESync), then the algorithm's aggregation. Everything mode-specific lives in ``esync.algorithms``.
 """
 import json
+import math
 import sys
 import time
 import traceback
@@ -204,6 +205,7 @@ class TrainingLoop:
         self.last_eval = None          # (training seconds when scored, seconds the scoring took)
         self.scalars = (TrainingScalars(self.args.tensorboard)
                         if self.args.tensorboard and worker.rank == 0 else None)
+        self.diverged = False          # said once that the loss is no longer a number
 
     def run(self, done_rounds: int, spent: float, samples: int) -> int:
         args, w = self.args, self.w
@@ -223,6 +225,7 @@ class TrainingLoop:
             pushed0, pulled0 = w.channel.counters() if w.channel else (0, 0)
             requests0 = self.algo.state_requests()
             k, last_c, loss = self._local_phase(record, last_c)
+            self._warn_if_diverged(loss, round_no)
             w.round_k, w.round_c = k, last_c
             w.samples_this_round = record.num_samples
             now = time.perf_counter()
@@ -285,6 +288,18 @@ class TrainingLoop:
             self.scalars.close()
         if self.standalone:
             self.scores.close()
+
+    def _warn_if_diverged(self, loss: float, round_no: int) -> None:
+        """Say once, on stderr, when the training loss stops being a number: the run goes on
+        to its budget (its scores say how bad it is), but the cause is named now."""
+        if self.diverged or math.isfinite(loss):
+            return
+        self.diverged = True
+        flag, rate = (("-ll", self.args.local_lr) if self.args.mode == "esync"
+                      else ("-l", self.args.learning_rate))
+        print(f"{self.prefix} training diverged: the loss is {loss} in round {round_no} (logged "
+              f"as null); lower the learning rate ({flag}, now {rate:g})",
+              file=sys.stderr, flush=True)
 
     def _latest_accuracy(self):
         """Where the stop is voted on together, rank 0's view is enough: the others skip the read."""

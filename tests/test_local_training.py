@@ -135,3 +135,20 @@ def test_resume_in_local_mode_never_overwrites_earlier_logs(main_py, real_fashio
     after = {n: log["total_time"] for n, log in _logs(tmp_path).items()}
     assert result.returncode == 2 and "--resume" in result.stderr
     assert after == before
+
+
+def test_a_diverging_run_names_the_cause_and_leaves_readable_logs(main_py, real_fashion_subset,
+                                                                   tmp_path):
+    """A learning rate far too high: the loss becomes NaN. The run still ends normally, says
+    once which flag to lower, and its logs are standard JSON (the loss as null)."""
+    from esync.analysis import summary
+
+    result = _train(main_py, "-m", "local", "-c", "1", "-n", "lenet",
+                    "-dd", real_fashion_subset, "-ld", tmp_path, "-l", "50", "-b", "64",
+                    "--max-rounds", "20", "-e", "100")
+    assert result.stderr.count("training diverged") == 1, result.stderr[-2000:]
+    assert "lower the learning rate (-l, now 50)" in result.stderr
+    losses = [log["train_loss"] for log in _logs(tmp_path).values()]
+    assert None in losses
+    written = summary.write_summary(_mode_dir(tmp_path))
+    assert written.exists()

@@ -174,3 +174,17 @@ def test_folder_under_a_file_is_a_log_dir_error_naming_it(tmp_path):
     with pytest.raises(LogDirError, match="not writable") as info:
         RoundLogWriter(blocker / "sub")
     assert str(blocker / "sub") in str(info.value)
+
+
+def _strict(text):
+    def refuse(name):
+        raise ValueError(f"{name} in a log")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_a_diverged_loss_is_written_as_null(tmp_path):
+    """JSON has no NaN: a diverged run's log must still be JSON every reader accepts."""
+    record = _record(1)
+    record.extras = {"k": 3, "train_loss": float("nan"), "other": float("inf")}
+    log = _strict(RoundLogWriter(tmp_path).write(record, 1.0).read_text())
+    assert log["train_loss"] is None and log["other"] is None and log["k"] == 3

@@ -107,3 +107,20 @@ def test_command_line_error_is_one_line_without_traceback(fresh_network_dir):
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().count("\n") == 0
     assert str(bad) in proc.stderr
+
+
+def test_a_nan_loss_written_by_an_earlier_version_is_summarised(fresh_network_dir, capsys):
+    log = fresh_network_dir / "esync" / "alpha" / "cpu0" / "iter-2.txt"
+    log.write_text(log.read_text().rstrip()[:-1] + ', "train_loss": NaN}')
+    code, err = run_main(fresh_network_dir, "esync", capsys)
+    assert code == 0, err
+
+
+def test_a_nan_where_a_number_is_needed_names_file_and_key(fresh_network_dir, capsys):
+    bad = fresh_network_dir / "esync" / "alpha" / "cpu0" / "iter-2.txt"
+    record = json.loads(bad.read_text())
+    record["total_time"] = float("nan")
+    bad.write_text(json.dumps(record))
+    code, err = run_main(fresh_network_dir, "esync", capsys)
+    assert code == 2
+    assert str(bad) in err and "'total_time'" in err
