@@ -480,3 +480,18 @@ def test_report_states_how_the_shaped_rate_was_derived(synthetic_report):
 def test_report_physical_limit_line(synthetic_report):
     section = synthetic_report.split("## Results: loopback")[1]
     assert "= min(304.0, 256.0) = **256.0 samples/s**" in section
+
+
+def test_device_columns_name_the_host_only_where_two_hosts_share_a_device_name():
+    """Shaped links: the cluster's devices sit on emulated hosts, the standalone run on the
+    machine itself; both have a cpu0, which would make two identical column titles."""
+    from esync.benchmark.report import _device_headers
+
+    def run(devices):
+        return {"devices": {d: {"slowdown": s} for d, s in devices.items()}}
+
+    per_rep = {"esync": [run({"host0/cpu0": 1, "host1/cpu1": 1, "host2/cpu2": 4})],
+               "local": [run({"vm/cpu0": 1})]}
+    devices = ["host0/cpu0", "host1/cpu1", "host2/cpu2", "vm/cpu0"]
+    assert _device_headers(devices, per_rep) == [
+        "host0/cpu0 (×1)", "cpu1 (×1)", "cpu2 (×4)", "vm/cpu0 (×1)"]

@@ -207,9 +207,10 @@ def setting_section(args, setting: Setting, res: dict, labels: dict) -> list[str
 
 
 def _device_tables(names, per_rep, devices, labels) -> list[str]:
+    headers = " | ".join(_device_headers(devices, per_rep))
     L = ["### Computing-time ratio per device", "",
          "Time computing (emulated slow-down included) / wall time.", "",
-         "| Mode | " + " | ".join(_device_header(d, per_rep) for d in devices) + " | Mean |",
+         "| Mode | " + headers + " | Mean |",
          "| --- |" + " ---: |" * (len(devices) + 1)]
     for name in names:
         metrics = [m for m in per_rep[name] if m is not None]
@@ -221,7 +222,7 @@ def _device_tables(names, per_rep, devices, labels) -> list[str]:
                  + " | ".join("—" if c == "n/a" else c for c in cells) + " | "
                  + _cell([m["mean_computing_time_ratio"] for m in metrics], ".2f") + " |")
     L += ["", "### Throughput per device (samples/s)", "",
-          "| Mode | " + " | ".join(_device_header(d, per_rep) for d in devices) + " |",
+          "| Mode | " + headers + " |",
           "| --- |" + " ---: |" * len(devices)]
     for name in names:
         metrics = [m for m in per_rep[name] if m is not None]
@@ -235,12 +236,21 @@ def _device_tables(names, per_rep, devices, labels) -> list[str]:
     return L
 
 
-def _device_header(device: str, per_rep: dict) -> str:
+def _device_headers(devices: list[str], per_rep: dict) -> list[str]:
+    """A column title per ``host/device`` key: the device and its slow-down, with the host
+    only where two hosts have a device of the same name (the cluster's emulated hosts and the
+    machine the standalone run used)."""
+    short = [device.split("/")[-1] for device in devices]
+    names = [device if short.count(name) > 1 else name for device, name in zip(devices, short)]
+    return [_with_slowdown(name, device, per_rep) for name, device in zip(names, devices)]
+
+
+def _with_slowdown(name: str, device: str, per_rep: dict) -> str:
     for metrics in per_rep.values():
         for m in metrics:
             if m and device in m["devices"] and m["devices"][device]["slowdown"] is not None:
-                return f"{device.split('/')[-1]} (×{m['devices'][device]['slowdown']:g})"
-    return device.split("/")[-1]
+                return f"{name} (×{m['devices'][device]['slowdown']:g})"
+    return name
 
 
 # ----------------------------------------------------------------------------- figures
