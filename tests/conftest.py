@@ -34,7 +34,6 @@ def children_die_with_pytest():
     subprocess.Popen.__init__ = original
 
 
-
 @pytest.fixture(autouse=True, scope="session")
 def sigint_as_at_a_terminal():
     """Processes the tests start get SIGINT's default action, as at a terminal, even when pytest
