@@ -11,45 +11,20 @@ One entry point for every role, chosen by ``DMLC_ROLE``:
 Bad values end with one ``error:`` line naming the flag, never a traceback.
 """
 import argparse
-import math
 import os
 import socket
 import sys
 
 import config
-from esync.errors import UsageError, guarded  # noqa: F401  (UsageError: re-exported for callers)
+from esync.common.argtypes import (UsageParser, bounded_number, fraction, non_negative_float,
+                                   non_negative_int, port, positive_float, positive_int, typed)
+from esync.common.errors import UsageError, guarded
+from esync.common.runlayout import ROUND_LOG_PATTERN
 
 DMLC_ROLES = ("scheduler", "server", "worker", "evaluator")
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise UsageError(f"{message} (see {self.prog} --help)")
-
-
-def bounded_number(kind, *, low, strict=False, high=None, must):
-    """An argparse type: a finite number of `kind` within bounds, else 'must be <must>, got <text>'.
-
-    Shared by every command of the project (main.py, esync-cluster, esync-benchmark, drawer).
-    """
-    what = "an integer" if kind is int else "a number"
-
-    def parse(text):
-        value = _typed(kind, text, what)
-        above = value > low if strict else value >= low
-        if not (above and (high is None or value <= high) and math.isfinite(value)):
-            raise argparse.ArgumentTypeError(f"must be {must}, got {text}")
-        return value
-    return parse
-
-
-_positive_int = bounded_number(int, low=0, strict=True, must="a positive integer")
-_non_negative_int = bounded_number(int, low=0, must=">= 0")
-_positive_float = bounded_number(float, low=0, strict=True, must="a positive number")
-_non_negative_float = bounded_number(float, low=0, must=">= 0")
 _slowdown = bounded_number(float, low=1, must=">= 1 (a device F times slower)")
-_accuracy = bounded_number(float, low=0, high=1, must="between 0 and 1")
-_port = bounded_number(int, low=1, high=65535, must="a port number 1-65535")
 _momentum = bounded_number(float, low=0, high=0.999, must="a momentum in [0, 0.999]")
 
 
@@ -60,7 +35,7 @@ def _flag01(text):
 
 
 def _split(text):
-    from esync.data import SPLITS
+    from esync.worker.data import SPLITS
     if text not in {str(k) for k in SPLITS}:
         raise argparse.ArgumentTypeError(f"must be {', '.join(map(str, SPLITS))}, got {text}")
     return int(text)
@@ -69,50 +44,43 @@ def _split(text):
 def _eval_every(text):
     if text == "auto":
         return text
-    return _positive_int(text)
+    return positive_int(text)
 
 
 def _epsilon(text):
     if text == "auto":
         return text
-    value = _typed(float, text, "'auto' or seconds")
+    value = typed(float, text, "'auto' or seconds")
     if not value >= 0:
         raise argparse.ArgumentTypeError(f"must be 'auto' or seconds >= 0, got {text}")
     return value
 
 
-def _typed(kind, text, what):
-    try:
-        return kind(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
-
-
 def add_training_args(parser: argparse.ArgumentParser) -> None:
     """The original ESync's flags, same short and long names, defaults from config.py."""
-    from esync.data import SPLITS
-    from esync.models import NETWORKS
+    from esync.worker.data import SPLITS
+    from esync.worker.models import NETWORKS
     g = parser.add_argument_group("training (the original ESync's flags)")
-    g.add_argument("-l", "--learning-rate", type=_positive_float, default=config.learning_rate,
+    g.add_argument("-l", "--learning-rate", type=positive_float, default=config.learning_rate,
                    help="SGD learning rate of sync, async, dcasgd and local modes; as in the "
                         "original, a step is lr x the gradient SUMMED over the batch (lr 0.05 on "
                         "the batch mean with -b 64 is -l 0.00078125)")
-    g.add_argument("-ll", "--local-lr", type=_positive_float, default=config.local_lr,
+    g.add_argument("-ll", "--local-lr", type=positive_float, default=config.local_lr,
                    help="learning rate of ESync's local iterations, times the gradient summed "
                         "over the batch (as -l)")
-    g.add_argument("-gl", "--global-lr", type=_positive_float, default=config.global_lr,
+    g.add_argument("-gl", "--global-lr", type=positive_float, default=config.global_lr,
                    help="ESync's global (outer) learning rate: params = start + gl * "
                         "aggregated delta (see --aggregation, --outer-momentum)")
-    g.add_argument("-b", "--batch-size", type=_positive_int, default=config.batch_size,
+    g.add_argument("-b", "--batch-size", type=positive_int, default=config.batch_size,
                    help="samples per iteration on each device")
     g.add_argument("-dd", "--data-dir", default=config.data_dir,
                    help="folder holding fashion-mnist/ (prepare: python scripts/prepare_data.py)")
-    g.add_argument("-g", "--gpu", type=_non_negative_int, default=config.gpu, help="GPU id")
+    g.add_argument("-g", "--gpu", type=non_negative_int, default=config.gpu, help="GPU id")
     g.add_argument("-c", "--cpu", type=_flag01, default=config.cpu, help="1: train on the CPU")
     g.add_argument("-n", "--network", default=config.network, choices=list(NETWORKS),
                    metavar="NETWORK", help=f"one of {', '.join(NETWORKS)}")
     g.add_argument("-ld", "--log-dir", default=config.log_dir,
-                   help="logs go to LOG_DIR/NETWORK/MODE/HOST/DEVICE/iter-N.txt")
+                   help="logs go to LOG_DIR/NETWORK/MODE/HOST/DEVICE/" + ROUND_LOG_PATTERN)
     g.add_argument("-e", "--eval-duration", type=_eval_every, default=config.eval_duration,
                    help="evaluate (checkpoint) every this many rounds; 'auto': every round in a "
                         "cluster, and in -m local as often as keeps scoring the test set to about "
@@ -125,23 +93,23 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
                    help="; ".join(f"{k}: {v}" for k, v in SPLITS.items()))
     g.add_argument("-ip", "--state-server-ip", default=config.state_server_ip,
                    help="ESync state server host")
-    g.add_argument("-port", "--state-server-port", type=_port,
+    g.add_argument("-port", "--state-server-port", type=port,
                    default=int(config.state_server_port), help="ESync state server port")
 
 
 def add_run_args(parser: argparse.ArgumentParser, *, one_worker: bool = True) -> None:
     """Stopping, seeds, logs and ESync options; `one_worker` adds the per-device flags."""
     g = parser.add_argument_group("stopping, reproducibility and emulation")
-    g.add_argument("--max-rounds", type=_non_negative_int, default=config.max_rounds,
+    g.add_argument("--max-rounds", type=non_negative_int, default=config.max_rounds,
                    help="stop after this many rounds (0: no limit)")
-    g.add_argument("--max-seconds", type=_non_negative_float, default=config.max_seconds,
+    g.add_argument("--max-seconds", type=non_negative_float, default=config.max_seconds,
                    help="stop after this much wall time, then evaluate once more (0: no limit)")
-    g.add_argument("--max-train-seconds", type=_non_negative_float, default=0.0,
+    g.add_argument("--max-train-seconds", type=non_negative_float, default=0.0,
                    help="stop after this much training time: the logs' total_time, which in "
                         "-m local leaves out the inline scoring of the test set (0: no limit)")
-    g.add_argument("--target-accuracy", type=_accuracy, default=config.target_accuracy,
+    g.add_argument("--target-accuracy", type=fraction, default=config.target_accuracy,
                    help="stop once the test accuracy reaches this (0: never)")
-    g.add_argument("--seed", type=_non_negative_int, default=config.seed,
+    g.add_argument("--seed", type=non_negative_int, default=config.seed,
                    help="data partition, shuffling and initial weights")
     g.add_argument("--overwrite", action="store_true",
                    help="replace an earlier run's logs in the same folder")
@@ -166,7 +134,7 @@ def add_run_args(parser: argparse.ArgumentParser, *, one_worker: bool = True) ->
     e.add_argument("--epsilon", type=_epsilon, default=config.epsilon,
                    help="slack of the state server: 'auto' (relative to iteration time) or "
                         "absolute seconds as in the original")
-    e.add_argument("--local-iters", type=_non_negative_int, default=0,
+    e.add_argument("--local-iters", type=non_negative_int, default=0,
                    help="fixed local iterations per round, bypassing the state server (0: ask it)")
     e.add_argument("--aggregation", choices=["mean", "weighted", "fednova"],
                    default=config.aggregation,
@@ -185,7 +153,7 @@ def add_run_args(parser: argparse.ArgumentParser, *, one_worker: bool = True) ->
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="main.py", description=__doc__.split("\n\n")[0],
+    parser = UsageParser(prog="main.py", description=__doc__.split("\n\n")[0],
                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_training_args(parser)
     add_run_args(parser)
@@ -241,7 +209,7 @@ def main(argv=None) -> int:
         if role:
             dmlc_environment(role)
         if role in ("scheduler", "server", "worker"):
-            from esync.netif import choose_dmlc_interface
+            from esync.common.netif import choose_dmlc_interface
             choose_dmlc_interface()     # the interface that routes to the scheduler, if unset
         if role == "evaluator":
             # MXNet starts a ps-lite server at import for any DMLC_ROLE other than worker; the
@@ -260,7 +228,7 @@ def main(argv=None) -> int:
                              "cluster with `esync-cluster`; use -m local for one device")
         if role == "worker" and args.mode == "local":
             raise UsageError("-m local runs without a cluster: unset DMLC_ROLE")
-        from esync import trainer
+        from esync.worker import trainer
         return trainer.run(args)
     except UsageError as exc:
         print(f"main.py: error: {exc}", file=sys.stderr)
@@ -271,5 +239,6 @@ def main(argv=None) -> int:
 
 
 def _run_evaluator(args) -> int:
-    from esync import evaluator, trainer
-    return guarded(lambda: evaluator.run(args, trainer.mode_dir(args)))
+    from esync.common import runlayout
+    from esync.worker import evaluator
+    return guarded(lambda: evaluator.run(args, runlayout.mode_dir(args)))

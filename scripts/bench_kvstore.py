@@ -2,10 +2,10 @@
 
 Starts a scheduler and a server (``python -c "import mxnet"`` with their ``DMLC_ROLE``) and one
 worker (this script again, with ``DMLC_ROLE=worker``), all on 127.0.0.1. The worker pushes and
-pulls the trainable parameters of ``esync.models.build('resnet18-v1')`` three ways, interleaved
+pulls the trainable parameters of ``esync.worker.models.build('resnet18-v1')`` three ways, interleaved
 and rotated (A B C, B C A, C A B, ...) so that drift of this shared machine hits all alike:
 
-    channel     esync.kvstore.KVChannel.push_pull: every key pushed, every key pulled, one wait
+    channel     esync.worker.kvstore.KVChannel.push_pull: every key pushed, every key pulled, one wait
     per-param   kv.push(k, v); kv.pull(k, out=o); o.wait_to_read() for each parameter in turn
                 (what the original ESync did)
     batched     kv.push(keys, vals); kv.pull(keys, out=outs); nd.waitall() (raw MXNet)
@@ -149,8 +149,8 @@ def worker(args) -> int:
     import mxnet as mx
     from mxnet import nd
 
-    from esync import models
-    from esync.kvstore import KVChannel, _nbytes
+    from esync.worker import models
+    from esync.worker.kvstore import KVChannel, _nbytes
 
     kv = mx.kv.create("dist_sync")
     net = models.build(NETWORK, mx.cpu())

@@ -56,9 +56,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from esync.policy import Decision  # noqa: E402
-from esync.state_client import ReadinessAsker, StateClient  # noqa: E402
-from esync.state_service import free_port, start_state_server, stop, wait_until_up  # noqa: E402
+from esync.coordination.rules import Decision  # noqa: E402
+from esync.coordination.client import ReadinessAsker, StateClient  # noqa: E402
+from esync.coordination.service import free_port, start_state_server, stop, wait_until_up  # noqa: E402
 
 JOB = "bench"
 TOKEN = "bench-token"
@@ -304,7 +304,7 @@ class Stopwatch:
 
 def run_apply_protocol(url: str, args, recorder: Recorder) -> dict:
     """Dynamic policy. With the lease (the default), each worker asks through the trainer's own
-    ``esync.state_client.ReadinessAsker``; ``--no-lease`` is the original client: ``/apply/``
+    ``esync.coordination.client.ReadinessAsker``; ``--no-lease`` is the original client: ``/apply/``
     before every local iteration and ``/reset/`` after the exchange."""
 
     def worker(rank: int, client: StateClient, barrier: threading.Barrier):

@@ -29,7 +29,7 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from esync.state_service import free_port, start_state_server, stop, wait_until_up  # noqa: E402
+from esync.coordination.service import free_port, start_state_server, stop, wait_until_up  # noqa: E402
 
 TOKEN = "fuzz-token-5e1d"
 JOBS = {"fz-dyn": "dynamic", "fz-plan": "planned"}

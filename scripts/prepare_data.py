@@ -7,7 +7,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from esync.prepare import main  # noqa: E402
+from esync.worker.prepare import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -20,7 +20,7 @@ def children_die_with_pytest():
     import subprocess
     import threading
 
-    from esync.procs import die_with_parent
+    from esync.common.procs import die_with_parent
 
     original = subprocess.Popen.__init__
 
@@ -54,7 +54,7 @@ def sigint_as_at_a_terminal():
 
 
 # data fixtures ---------------------------------------------------------------------------------
-# Small, learnable stand-ins for Fashion-MNIST written as real IDX files (esync.data reads them).
+# Small, learnable stand-ins for Fashion-MNIST written as real IDX files (esync.worker.data reads them).
 
 
 @pytest.fixture
@@ -111,7 +111,7 @@ def pytest_configure(config):
 def real_fashion_dir():
     """``config.data_dir`` holding the real Fashion-MNIST set, prepared if needed (idempotent)."""
     import config
-    from esync.prepare import prepare
+    from esync.worker.prepare import prepare
 
     prepare(config.data_dir, quiet=True)
     return Path(config.data_dir)
@@ -120,7 +120,7 @@ def real_fashion_dir():
 @pytest.fixture(scope="session")
 def real_fashion_subset(real_fashion_dir, tmp_path_factory):
     """A data_dir with the first 3000 train and 1000 test images of the real Fashion-MNIST."""
-    from esync.data import FASHION_FILES, load_fashion_mnist, write_idx
+    from esync.worker.data import FASHION_FILES, load_fashion_mnist, write_idx
 
     data_dir = tmp_path_factory.mktemp("real-fashion-subset")
     folder = data_dir / "fashion-mnist"

@@ -16,7 +16,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 
 
-# Small, learnable stand-ins for Fashion-MNIST written as real IDX files (esync.data reads them).
+# Small, learnable stand-ins for Fashion-MNIST written as real IDX files (esync.worker.data reads them).
 
 def make_fashion_arrays(per_class, seed=0):
     """(uint8 images [10*per_class, 28, 28], uint8 labels), classes shuffled together.
@@ -34,7 +34,7 @@ def make_fashion_arrays(per_class, seed=0):
 
 def write_fashion_dir(data_dir, *, train_per_class=20, test_per_class=10, seed=0):
     """Write the four Fashion-MNIST IDX files in ``<data_dir>/fashion-mnist/``; return data_dir."""
-    from esync.data import FASHION_FILES, write_idx
+    from esync.worker.data import FASHION_FILES, write_idx
 
     folder = Path(data_dir) / "fashion-mnist"
     folder.mkdir(parents=True, exist_ok=True)
@@ -76,7 +76,7 @@ class Launchers:
         # The tag is inherited by every process the launcher starts (scheduler and servers name
         # no folder on their command line), so `processes_of(folder)` finds them all. The
         # launcher dies with pytest (and its cluster with it) even if pytest is SIGKILLed.
-        from esync.procs import die_with_parent
+        from esync.common.procs import die_with_parent
         proc = subprocess.Popen([sys.executable, "-m", "esync.launch", *map(str, argv)],
                                 cwd=cwd or REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True, start_new_session=True, preexec_fn=die_with_parent,
@@ -97,7 +97,7 @@ class Launchers:
     def remove_all(self):
         """SIGTERM to a launcher still running (it stops its cluster), SIGKILL to its group after
         20 s (its children die with it), then SIGKILL to any process naming the folder."""
-        from esync.procs import kill_group
+        from esync.common.procs import kill_group
         for proc in self.started:
             if proc.poll() is None:
                 kill_group(proc, signal.SIGTERM)
@@ -184,7 +184,7 @@ def wait_for_rounds(launcher, mode_dir, rounds, timeout=180):
 
 def _why_no_netns():
     """Why network-namespace tests cannot run here (not root, no iproute2), or None."""
-    from esync import netns
+    import esync.launch.namespaces as netns
     try:
         netns.check_available()
     except netns.NetnsError as exc:

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from mxnet import nd
 
-from esync.algorithms import aggregate as agg
+from esync.worker.algorithms import aggregate as agg
 
 START = np.array([1.0, -2.0])
 DELTAS = [np.array([0.4, 0.8]), np.array([-0.2, 0.2]), np.array([0.1, -0.6])]

@@ -1,4 +1,4 @@
-"""Tests of esync.checkpoint: round trips, validation, and atomic writes under SIGKILL."""
+"""Tests of esync.worker.checkpoint: round trips, validation, and atomic writes under SIGKILL."""
 import json
 import random
 import signal
@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from esync.checkpoint import CheckpointError, CheckpointStore
+from esync.worker.checkpoint import CheckpointError, CheckpointStore
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -135,7 +135,7 @@ def test_done_marker_round_trip(tmp_path):
 SAVER = r"""
 import sys
 import numpy as np
-from esync.checkpoint import CheckpointStore
+from esync.worker.checkpoint import CheckpointStore
 
 store = CheckpointStore(sys.argv[1])
 cycle = int(sys.argv[2])
@@ -204,7 +204,7 @@ def _log(mode_dir, host, device, rounds):
 def test_a_restart_resumes_from_a_round_every_device_logged_and_forgets_the_rest(tmp_path):
     """Rank 0 checkpoints round 6 before the slow worker, then killed, logs it: resuming from 6
     would leave round 6 unlogged for that worker, so the restart goes back to round 4."""
-    from esync.launch import forget_rounds_after, rounds_logged_by_all
+    from esync.launch.launches import forget_rounds_after, rounds_logged_by_all
     store = CheckpointStore(tmp_path / "checkpoints")
     for r in (2, 4, 6):
         _save(store, r)

@@ -11,8 +11,8 @@ import pytest
 
 import config
 from esync import cli
-from esync.data import FASHION_FILES
-from esync.models import NETWORKS
+from esync.worker.data import FASHION_FILES
+from esync.worker.models import NETWORKS
 
 
 def error_line(result, *, prefix=r"(main\.py: )?error: "):

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from esync.kvstore import control_length, control_vector, read_control
+from esync.worker.kvstore import control_length, control_vector, read_control
 
 
 def summed(vectors):

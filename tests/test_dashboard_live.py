@@ -231,26 +231,26 @@ def test_job_still_finishes_normally(live):
 
 
 def test_tensorboard_events_hold_rank_zeros_scalars(live):
-    from esync.tboard import read_scalars
+    from esync.worker.tboard import read_scalars
     scalars = read_scalars(live["mode_dir"])
     assert {"train/loss", "train/throughput", "train/computing_time_ratio"} <= set(scalars)
 
 
 def test_tensorboard_has_every_workers_k_from_the_exchange(live):
-    from esync.tboard import read_scalars
+    from esync.worker.tboard import read_scalars
     scalars = read_scalars(live["mode_dir"])
     assert {f"k/worker{rank}" for rank in range(WORKERS)} <= set(scalars)
 
 
 def test_tensorboard_training_scalars_have_one_point_per_round(live):
-    from esync.tboard import read_scalars
+    from esync.worker.tboard import read_scalars
     rounds = len(list((live["mode_dir"]).glob("*/cpu0/iter-*.txt")))
     assert [step for step, _ in read_scalars(live["mode_dir"])["train/loss"]] == list(
         range(1, rounds + 1))
 
 
 def test_tensorboard_events_hold_test_accuracy_by_round_and_by_time(live):
-    from esync.tboard import read_scalars
+    from esync.worker.tboard import read_scalars
     scalars = read_scalars(live["mode_dir"])
     by_round, by_time = scalars["test/accuracy_by_round"], scalars["test/accuracy_by_time"]
     assert len(by_round) == len(by_time) >= 1 and [v for _, v in by_round] == [

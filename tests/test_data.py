@@ -1,4 +1,4 @@
-"""Tests of esync.data on real IDX files written to tmp_path."""
+"""Tests of esync.worker.data on real IDX files written to tmp_path."""
 import gzip
 import os
 
@@ -6,7 +6,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from esync.data import (FASHION_FILES, BatchStream, DataError, iterate_batches,
+from esync.worker.data import (FASHION_FILES, BatchStream, DataError, iterate_batches,
                         load_fashion_mnist, partition, read_idx, write_idx)
 
 

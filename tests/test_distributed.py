@@ -7,10 +7,10 @@ import pytest
 from mxnet import autograd, gluon
 
 from support import device_logs, processes_mentioning, run_cluster, write_fashion_dir
-from esync import data, models
-from esync.algorithms.async_ import DCASGD_LAMBDA
-from esync.checkpoint import CheckpointStore
-from esync.policy import plan_round
+from esync.worker import data, models
+from esync.worker.algorithms.async_ import DCASGD_LAMBDA
+from esync.worker.checkpoint import CheckpointStore
+from esync.coordination.rules import plan_round
 
 LR, BATCH, STEPS, SEED = 0.0125, 8, 3, 1     # LR x the batch-summed gradient (0.1 on the mean)
 
@@ -105,7 +105,7 @@ def server_replay(data_dir, steps, lr, dc_lambda=0.0, batch=16):
 
 
 def untrained_accuracy(data_dir):
-    from esync.evaluator import accuracy
+    from esync.worker.evaluator import accuracy
     images, labels = data.load_fashion_mnist(data_dir, "test")
     return accuracy(models.build("lenet", mx.cpu(), seed=SEED), images, labels, mx.cpu(), 28)
 
@@ -306,7 +306,7 @@ def test_planned_policy_keeps_http_off_every_workers_round(planned_run):
 def test_planned_k_per_round_follows_the_policy_for_the_reported_durations(planned_run):
     """Rank 0 logs every round's reported (k, c) and which round's plan it sent to everyone in
     that exchange; the next round's k_i of all workers must be the planned policy's answer
-    (esync.policy.plan_round, the state server's own function) for that round's durations."""
+    (esync.coordination.job.plan_round, the state server's own function) for that round's durations."""
     rank0 = {r["num_iters"]: r for r in planned_run[0]}
     ks = {r: [planned_run[i][r - 1]["k"] for i in range(4)] for r in rank0}
     used = {r + 1: log["plan_sent_from_round"] for r, log in rank0.items()

@@ -1,11 +1,11 @@
-"""esync.errors: user errors are one line, and the command line and trainer import no circle."""
+"""esync.common.errors: user errors are one line, and the command line and trainer import no circle."""
 import subprocess
 import sys
 
 import pytest
 
 from support import REPO
-from esync.errors import UsageError, UserError, guarded
+from esync.common.errors import UsageError, UserError, guarded
 
 
 def test_cli_reexports_the_one_usage_error():
@@ -14,16 +14,16 @@ def test_cli_reexports_the_one_usage_error():
 
 
 def test_trainer_imports_without_the_command_line_module():
-    probe = "import sys, esync.trainer; print('esync.cli' in sys.modules)"
+    probe = "import sys, esync.worker.trainer; print('esync.cli' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True,
                           text=True, timeout=120)
     assert done.stdout.strip() == "False", done.stderr
 
 
-@pytest.mark.parametrize("error", ["esync.data.DataError", "esync.measure.LogDirError",
-                                   "esync.checkpoint.CheckpointError",
-                                   "esync.models.UnknownNetworkError",
-                                   "esync.state_client.StateServerError"])
+@pytest.mark.parametrize("error", ["esync.worker.data.DataError", "esync.worker.measure.LogDirError",
+                                   "esync.worker.checkpoint.CheckpointError",
+                                   "esync.worker.models.UnknownNetworkError",
+                                   "esync.coordination.client.StateServerError"])
 def test_every_module_error_a_user_can_fix_is_a_user_error(error):
     import importlib
     module, name = error.rsplit(".", 1)

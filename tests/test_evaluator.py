@@ -7,8 +7,9 @@ import mxnet as mx
 import pytest
 
 from support import write_fashion_dir
-from esync import cli, evaluator, models
-from esync.checkpoint import CheckpointStore
+from esync import cli
+from esync.worker import evaluator, models
+from esync.worker.checkpoint import CheckpointStore
 
 ROUNDS = (10, 20, 30, 40, 50)
 

@@ -1,4 +1,4 @@
-"""esync.fsutil: every file the project writes appears whole or not at all."""
+"""esync.common.files: every file the project writes appears whole or not at all."""
 import os
 import re
 import stat
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from esync.fsutil import atomic_open, atomic_write_bytes, atomic_write_text
+from esync.common.files import atomic_open, atomic_write_bytes, atomic_write_text
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -46,7 +46,7 @@ def test_new_files_get_the_umask_permissions_not_mkstemps_0600(tmp_path):
 
 
 def test_no_module_writes_with_its_own_os_replace():
-    """New write sites must use esync.fsutil; only moves of finished files may rename directly."""
+    """New write sites must use esync.common.files; only moves of finished files may rename directly."""
     allowed = {"esync/fsutil.py", "esync/prepare.py"}   # prepare moves verified downloads in
     offenders = [str(p.relative_to(REPO)) for p in REPO.rglob("*.py")
                  if ".venv" not in p.parts and "tests" not in p.parts

@@ -1,8 +1,9 @@
 """The launcher's pure parts: the role plan and the stall watchdog's bookkeeping (no processes)."""
 import pytest
 
-from esync.launch import LocalCluster, build_parser
-from esync.launch.plan import ClusterConfig, Host, Hosts, plan_roles
+from esync.launch.launches import LocalLaunch as LocalCluster
+from esync.launch.flags import build_parser
+from esync.launch.roles import ClusterConfig, Host, Hosts, plan_roles
 from esync.launch.supervisor import StallWatch
 
 PS = Host("ps", "10.9.0.1", interface="veth-ps")
@@ -75,7 +76,7 @@ def test_state_token_travels_in_the_environment_never_on_a_command_line():
 
 def test_state_server_listens_on_the_ps_host_with_the_job_database():
     state = by_name(plan_roles(config(), Hosts(PS, (FAST, SLOW))))["state-server"]
-    assert state.argv[1:] == ["-m", "esync.state_service", "--host", "10.9.0.1", "--port", "9200"]
+    assert state.argv[1:] == ["-m", "esync.coordination.service", "--host", "10.9.0.1", "--port", "9200"]
     assert state.env["ESYNC_STATE_DB"] == "/logs/state.sqlite3"
     assert state.host == "ps"
 

@@ -8,10 +8,11 @@ import mxnet as mx
 import numpy as np
 from mxnet import autograd, gluon
 
-from esync import cli, models
-from esync.algorithms import AlgorithmConfig, Worker, algorithm_class
-from esync.measure import RoundRecord
-from esync.trainer import TrainingLoop, _shard
+from esync import cli
+from esync.worker import models
+from esync.worker.algorithms import AlgorithmConfig, Worker, algorithm_class
+from esync.worker.measure import RoundRecord
+from esync.worker.trainer import TrainingLoop, _shard
 
 LR, BATCH = 0.01, 8
 

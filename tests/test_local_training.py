@@ -2,7 +2,7 @@
 
 ``python main.py -m local -c 1 -n lenet ...`` runs in a subprocess on the first 3000 train and
 1000 test images of the real data set (``real_fashion_subset`` in conftest.py prepares the data
-with ``esync.prepare`` when it is missing), with one OpenMP thread.
+with ``esync.worker.prepare`` when it is missing), with one OpenMP thread.
 """
 import json
 from pathlib import Path

@@ -1,11 +1,11 @@
-"""Tests of esync.measure: phase timers that wait for MXNet's engine; the per-round log files."""
+"""Tests of esync.worker.measure: phase timers that wait for MXNet's engine; the per-round log files."""
 import json
 import time
 
 import mxnet as mx
 import pytest
 
-from esync.measure import LogDirError, RoundLogWriter, RoundRecord
+from esync.worker.measure import LogDirError, RoundLogWriter, RoundRecord
 
 N = 1500   # a 1500x1500 dot: ~7 GFLOP, a tenth of a second or more on one core
 

@@ -1,8 +1,8 @@
-"""Tests of esync.models: every network builds and runs, names and order are stable."""
+"""Tests of esync.worker.models: every network builds and runs, names and order are stable."""
 import mxnet as mx
 import pytest
 
-from esync import models
+from esync.worker import models
 
 # AlexNet (224x224) and Inception-v3 (299x299) take seconds on a CPU core; the others < 1 s.
 SLOW = {"alexnet", "inception-v3"}

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from esync import modes
-from esync.algorithms import algorithm_class, mode_dir_name
-from esync.algorithms.base import Algorithm
+from esync.common import modes
+from esync.worker.algorithms import algorithm_class, mode_dir_name
+from esync.worker.algorithms.base import Algorithm
 
 
 @pytest.mark.parametrize("mode", modes.MODES, ids=lambda m: m.name)
@@ -15,7 +15,7 @@ def test_every_mode_imports_an_algorithm_class(mode):
 
 
 def test_cli_values_map_to_the_registry_classes():
-    from esync.algorithms.async_ import DCASGD, AsyncSGD
+    from esync.worker.algorithms.async_ import DCASGD, AsyncSGD
     assert (algorithm_class("async", 0), algorithm_class("async", 1)) == (AsyncSGD, DCASGD)
 
 

@@ -1,4 +1,4 @@
-"""Emulated hosts in network namespaces (esync.netns) and ps-lite's interface choice (esync.netif).
+"""Emulated hosts in network namespaces (esync.launch.namespaces) and ps-lite's interface choice (esync.common.netif).
 
 The namespace tests need root and iproute2 (scripts/test.sh installs it when root); they skip,
 saying why, only where that is impossible. Every topology a test creates is removed by a
@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from esync import netif, netns
+from esync.common import netif
+import esync.launch.namespaces as netns
 from support import REPO, needs_netns
 
 
@@ -62,7 +63,7 @@ def test_subnet_avoids_every_routed_network():
 
 def test_bad_host_name_is_refused():
     with pytest.raises(ValueError):
-        netns.Topology([netns.Host("host-0")])
+        netns.Topology([netns.EmulatedHost("host-0")])
 
 
 # interface selection ------------------------------------------------------------------------------
@@ -78,7 +79,7 @@ def test_interface_chosen_by_the_user_is_kept():
 
 @needs_netns
 def test_interface_routing_to_the_scheduler_is_chosen_among_several(topology):
-    topo = topology([netns.Host("ps"), netns.Host("host0")])
+    topo = topology([netns.EmulatedHost("ps"), netns.EmulatedHost("host0")])
     ns = topo.namespace("host0")
     # a second interface on another network, listed before eth0's address would be by name
     subprocess.run(["ip", "-n", ns, "link", "add", "aaa0", "type", "veth", "peer", "name", "aaa1"],
@@ -86,7 +87,7 @@ def test_interface_routing_to_the_scheduler_is_chosen_among_several(topology):
     subprocess.run(["ip", "-n", ns, "addr", "add", "10.99.0.1/24", "dev", "aaa0"], check=True)
     for dev in ("aaa0", "aaa1"):
         subprocess.run(["ip", "-n", ns, "link", "set", "dev", dev, "up"], check=True)
-    done = in_namespace(topo, "host0", "import os; from esync import netif; "
+    done = in_namespace(topo, "host0", "import os; from esync.common import netif; "
                         "netif.choose_dmlc_interface(); "
                         "print(os.environ['DMLC_INTERFACE'], os.environ['DMLC_NODE_HOST'])",
                         env={"DMLC_PS_ROOT_URI": topo.address("ps"), "PATH": os.environ["PATH"]})
@@ -97,7 +98,7 @@ def test_interface_routing_to_the_scheduler_is_chosen_among_several(topology):
 
 @needs_netns
 def test_hosts_reach_each_other_over_the_bridge(topology):
-    topo = topology([netns.Host("ps"), netns.Host("host0"), netns.Host("host1")])
+    topo = topology([netns.EmulatedHost("ps"), netns.EmulatedHost("host0"), netns.EmulatedHost("host1")])
     server = subprocess.Popen(topo.exec_prefix("ps") + [
         sys.executable, "-c",
         "import socket; s = socket.create_server((%r, 7001)); c, a = s.accept(); "
@@ -115,7 +116,7 @@ def test_hosts_reach_each_other_over_the_bridge(topology):
 
 @needs_netns
 def test_remove_leaves_no_namespace(topology):
-    topo = topology([netns.Host("ps"), netns.Host("host0", rate="20mbit")])
+    topo = topology([netns.EmulatedHost("ps"), netns.EmulatedHost("host0", rate="20mbit")])
     assert len(ours(topo.tag)) == 3
     topo.remove()
     assert ours(topo.tag) == []
@@ -124,20 +125,20 @@ def test_remove_leaves_no_namespace(topology):
 @needs_netns
 def test_topology_of_a_killed_owner_is_removed_by_the_next_one(topology):
     owner = subprocess.run([sys.executable, "-c",
-                            "import os, signal; from esync import netns; "
-                            "t = netns.Topology([netns.Host('ps'), netns.Host('host0')]).create(); "
+                            "import os, signal; import esync.launch.namespaces as netns; "
+                            "t = netns.Topology([netns.EmulatedHost('ps'), netns.EmulatedHost('host0')]).create(); "
                             "print(t.tag, flush=True); os.kill(os.getpid(), signal.SIGKILL)"],
                            cwd=REPO, capture_output=True, text=True, timeout=60)
     tag = owner.stdout.strip()
     assert owner.returncode == -signal.SIGKILL and len(ours(tag)) == 3, owner.stderr
-    topology([netns.Host("ps")])
+    topology([netns.EmulatedHost("ps")])
     assert ours(tag) == []
 
 
 @needs_netns
 def test_topology_of_a_live_owner_is_kept(topology):
     owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-    topo = netns.Topology([netns.Host("ps")], owner_pid=owner.pid)
+    topo = netns.Topology([netns.EmulatedHost("ps")], owner_pid=owner.pid)
     try:
         topo.create()
         netns.remove_stale()
@@ -150,7 +151,7 @@ def test_topology_of_a_live_owner_is_kept(topology):
 
 @needs_netns
 def test_process_left_inside_a_removed_topology_is_killed(topology):
-    topo = topology([netns.Host("ps")])
+    topo = topology([netns.EmulatedHost("ps")])
     sleeper = subprocess.Popen(topo.exec_prefix("ps") + ["sleep", "300"])
     topo.remove()
     assert sleeper.wait(timeout=10) == -signal.SIGKILL
@@ -158,7 +159,7 @@ def test_process_left_inside_a_removed_topology_is_killed(topology):
 
 @needs_netns
 def test_call_in_opens_sockets_inside_the_namespace_only(topology):
-    topo = topology([netns.Host("ps")])
+    topo = topology([netns.EmulatedHost("ps")])
 
     def addresses():
         return sorted(address for _, address in netif.interface_addresses())
@@ -172,7 +173,7 @@ def test_worker_announces_the_address_that_routes_to_the_scheduler(topology, fas
                                                                     tmp_path):
     # host0's eth0 lists an unreachable address first: ps-lite's own choice (the first address
     # of the first non-loopback interface) would announce it and the job would never start.
-    topo = topology([netns.Host("ps"), netns.Host("host0")])
+    topo = topology([netns.EmulatedHost("ps"), netns.EmulatedHost("host0")])
     ns, own = topo.namespace("host0"), f"{topo.address('host0')}/{topo.subnet.prefixlen}"
     for command in (["addr", "flush", "dev", "eth0"], ["addr", "add", "10.99.0.1/24", "dev", "eth0"],
                     ["addr", "add", own, "dev", "eth0"]):
@@ -215,7 +216,7 @@ def test_without_ip_netns_is_refused_naming_iproute2(monkeypatch):
 
 @needs_netns
 def test_port_forward_reaches_a_server_inside_a_namespace(topology):
-    topo = topology([netns.Host("ps")])
+    topo = topology([netns.EmulatedHost("ps")])
     server = subprocess.Popen(topo.exec_prefix("ps") + [
         sys.executable, "-c",
         "import socket; s = socket.create_server((%r, 7002)); c, _ = s.accept(); "

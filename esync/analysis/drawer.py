@@ -35,15 +35,14 @@ from typing import Callable
 import matplotlib
 from matplotlib.figure import Figure
 
-from esync import modes
-from esync.cli import bounded_number
-
-from esync.analysis.summary import (EVALUATIONS_FILE, ITER_FILE, RUN_FILE, HelpFormatter, LogError,
-                                    device_entries, find_device_dirs, load_summary, split_mode,
+from esync.analysis.summary import (LogError, device_entries, find_device_dirs, load_summary, split_mode,
                                     summary_name, write_summary)
 from esync.analysis.table import (MODE_ORDER, accuracy_series, cluster_totals, final_accuracy,
                                   mode_label, mode_sort_key, speedup_table, time_to_accuracy,
                                   write_table)
+
+from esync.common import modes, runlayout
+from esync.common.argtypes import HelpFormatter, bounded_number
 
 __all__ = ["load_summaries", "draw_all", "time_to_accuracy", "speedup_table", "main"]
 
@@ -66,12 +65,11 @@ def _newest_input(mode_dir: Path) -> float:
     newest = 0.0
     for by_device in find_device_dirs(mode_dir).values():
         for device_dir in by_device.values():
-            for path in device_dir.iterdir():
-                if ITER_FILE.fullmatch(path.name):
-                    newest = max(newest, path.stat().st_mtime)
-    for name in (EVALUATIONS_FILE, RUN_FILE):
-        if (mode_dir / name).exists():
-            newest = max(newest, (mode_dir / name).stat().st_mtime)
+            for path in runlayout.round_logs(device_dir).values():
+                newest = max(newest, path.stat().st_mtime)
+    for path in (runlayout.evaluations_file(mode_dir), runlayout.run_file(mode_dir)):
+        if path.exists():
+            newest = max(newest, path.stat().st_mtime)
     return newest
 
 
@@ -218,8 +216,8 @@ class ModelSize:
 
 
 def model_size_from_zoo(network: str) -> ModelSize | None:
-    """Trainable parameters of ``network`` as built by ``esync.models`` (float32), or None."""
-    from esync import models             # MXNet: only when a figure needs it
+    """Trainable parameters of ``network`` as built by ``esync.worker.models`` (float32), or None."""
+    from esync.worker import models             # MXNet: only when a figure needs it
     if network not in models.NETWORKS:
         return None
     import mxnet as mx

@@ -31,16 +31,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 import sys
 from pathlib import Path
 
-from esync.fsutil import atomic_open
-from esync import modes
+from esync.common import modes, runlayout
+from esync.common.argtypes import HelpFormatter
+from esync.common.files import atomic_open
 
-ITER_FILE = re.compile(r"iter-(\d+)\.txt")
-EVALUATIONS_FILE = "evaluations.jsonl"
-RUN_FILE = "run.json"
 
 REQUIRED_KEYS = ("time", "num_samples", "total_time")
 AGGREGATE_PHASES = ("global update", "global aggregate")  # esync; sync/async
@@ -94,7 +91,7 @@ def find_device_dirs(mode_dir: Path) -> dict[str, dict[str, Path]]:
     found: dict[str, dict[str, Path]] = {}
     for host_dir in _subdirs(mode_dir):
         for device_dir in _subdirs(host_dir):
-            if any(ITER_FILE.fullmatch(p.name) for p in device_dir.iterdir()):
+            if runlayout.round_logs(device_dir):
                 found.setdefault(host_dir.name, {})[device_dir.name] = device_dir
     return found
 
@@ -106,15 +103,11 @@ def _subdirs(folder: Path) -> list[Path]:
 
 def iter_files(device_dir: Path) -> list[Path]:
     """The device's ``iter-1.txt`` ... ``iter-<n>.txt`` in order; a gap raises ``LogError``."""
-    numbers = {}
-    for path in device_dir.iterdir():
-        match = ITER_FILE.fullmatch(path.name)
-        if match:
-            numbers[int(match.group(1))] = path
+    numbers = runlayout.round_logs(device_dir)
     for n in range(1, max(numbers, default=0) + 1):
         if n not in numbers:
-            raise LogError(f"{device_dir / f'iter-{n}.txt'}: missing (the numbering has a gap; "
-                           f"found up to iter-{max(numbers)}.txt)")
+            raise LogError(f"{runlayout.round_log(device_dir, n)}: missing (the numbering has a "
+                           f"gap; found up to {runlayout.round_log(device_dir, max(numbers)).name})")
     return [numbers[n] for n in sorted(numbers)]
 
 
@@ -196,7 +189,8 @@ def collect(mode_dir) -> dict:
         raise LogError(f"{mode_dir}: mode folder not found")
     devices = find_device_dirs(mode_dir)
     if not devices:
-        raise LogError(f"{mode_dir}: no device logs (expected <host>/<device>/iter-<n>.txt)")
+        raise LogError(f"{mode_dir}: no device logs (expected <host>/<device>/"
+                       f"{runlayout.ROUND_LOG_PATTERN})")
     merged: dict = {}
     for host, by_device in devices.items():
         for device, device_dir in by_device.items():
@@ -364,10 +358,10 @@ def summarize(mode_dir) -> dict:
         summary[host] = {device: summarize_device([rounds[n] for n in sorted(rounds)])
                          for device, rounds in by_device.items()}
     summary["_totals"] = totals(summary)
-    evaluations = read_evaluations(mode_dir / EVALUATIONS_FILE)
+    evaluations = read_evaluations(runlayout.evaluations_file(mode_dir))
     if evaluations is not None:
         summary["_evaluator"] = evaluations
-    run = read_run(mode_dir / RUN_FILE)
+    run = read_run(runlayout.run_file(mode_dir))
     if run is not None:
         summary["_run"] = run
     return summary
@@ -395,19 +389,11 @@ def load_summary(path) -> dict:
 
 # ----------------------------------------------------------------------------- command line
 
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows defaults, except for required options, flags and options without one."""
-
-    def _get_help_string(self, action):
-        if action.required or action.default in (None, False):
-            return action.help
-        return super()._get_help_string(action)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="summary.py",
-        description="Summarise <base>/<network>/<mode>/<host>/<device>/iter-<n>.txt into "
+        description="Summarise <base>/<network>/<mode>/<host>/<device>/"
+                    f"{runlayout.ROUND_LOG_PATTERN} into "
                     "<base>/<network>/<mode>/<Name>.json (e.g. ESync.json).",
         formatter_class=HelpFormatter)
     parser.add_argument("-b", "--base-dir", default="logs", help="the log folder")

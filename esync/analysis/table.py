@@ -21,7 +21,7 @@ import math
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from esync import modes
+from esync.common import modes
 from esync.analysis.summary import device_entries
 
 MODE_ORDER = modes.NAMES

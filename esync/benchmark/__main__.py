@@ -1,5 +1,5 @@
 import sys
 
-from esync.benchmark import main
+from esync.benchmark.driver import main
 
 sys.exit(main())

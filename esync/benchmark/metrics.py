@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 import os
 
-from esync import modes
+from esync.common import modes
 from esync.analysis.summary import LogError, device_entries, load_summary, write_summary
 from esync.analysis.table import (accuracy_series, cluster_totals, final_accuracy, mean_std,
                                   speedup_table)

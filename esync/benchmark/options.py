@@ -11,9 +11,10 @@ from datetime import datetime
 from pathlib import Path
 
 import config
-from esync import modes
-from esync.cli import bounded_number
-from esync.errors import UsageError
+from esync.common import modes
+from esync.common.argtypes import (HelpFormatter, UsageParser, bounded_number, non_negative_int,
+                                   positive_float, positive_int)
+from esync.common.errors import UsageError
 
 PROG = "esync-benchmark"
 POLICIES = ("dynamic", "planned", "both")
@@ -30,14 +31,6 @@ DATA_SPLITS = {"iid": 0, "by-class": 1, "by-class-shuffled": 2}
 DATA_ALIASES = {"both": "iid,by-class"}
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise UsageError(f"{message} (see {self.prog} --help)")
-
-
-_positive_int = bounded_number(int, low=0, strict=True, must="a positive integer")
-_non_negative_int = bounded_number(int, low=0, must="an integer >= 0")
-_positive_float = bounded_number(float, low=0, strict=True, must="a positive number")
 _target = bounded_number(float, low=0, strict=True, high=1, must="a number in (0, 1]")
 
 
@@ -190,26 +183,25 @@ def _cluster_defaults() -> dict:
 
 def build_parser() -> argparse.ArgumentParser:
     defaults = _cluster_defaults()
-    from esync.analysis.summary import HelpFormatter
-    parser = _Parser(prog=PROG, formatter_class=HelpFormatter,
+    parser = UsageParser(prog=PROG, formatter_class=HelpFormatter,
                      description="Run every mode on the same emulated cluster (tuned learning "
                                  "rates, two network settings) and write one report.")
     c = parser.add_argument_group("cluster (the same for every mode)")
-    c.add_argument("--workers", type=_positive_int, default=4, help="number of workers")
+    c.add_argument("--workers", type=positive_int, default=4, help="number of workers")
     c.add_argument("--slowdown", default="1,1,4,8",
                    help="slow-down factor per worker (comma-separated, or one for all)")
     c.add_argument("-n", "--network", default=defaults["network"], help="network")
-    c.add_argument("-b", "--batch-size", type=_positive_int, default=config.batch_size,
+    c.add_argument("-b", "--batch-size", type=positive_int, default=config.batch_size,
                    help="samples per iteration on each device")
-    c.add_argument("-l", "--learning-rate", type=_positive_float,
+    c.add_argument("-l", "--learning-rate", type=positive_float,
                    default=defaults["learning_rate"],
                    help="SGD learning rate of sync, async, dcasgd and local (lr x the gradient "
                         "summed over the batch) when --tune-lr is none")
-    c.add_argument("-ll", "--local-lr", type=_positive_float, default=defaults["local_lr"],
+    c.add_argument("-ll", "--local-lr", type=positive_float, default=defaults["local_lr"],
                    help="learning rate of ESync's local iterations when --tune-lr is none")
     c.add_argument("-dd", "--data-dir", default=config.data_dir,
                    help="folder holding fashion-mnist/")
-    c.add_argument("--seed", type=_non_negative_int, default=config.seed,
+    c.add_argument("--seed", type=non_negative_int, default=config.seed,
                    help="data partition, shuffling and initial weights")
     n = parser.add_argument_group("network settings (esync-cluster --net ...)")
     n.add_argument("--net", choices=NETS, default="both",
@@ -225,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--hosts", default=None,
                    help="devices per host under netns, e.g. 2,2 (default: one host per worker)")
     r = parser.add_argument_group("what to run")
-    r.add_argument("--budget", type=_positive_float, default=60.0,
+    r.add_argument("--budget", type=positive_float, default=60.0,
                    help="training seconds per run (the launcher's --max-seconds)")
     r.add_argument("--modes", default=",".join(modes.NAMES),
                    help="comma-separated subset of " + ", ".join(modes.NAMES))
@@ -240,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "setting, each row tuned on its own. both (default): iid,by-class")
     r.add_argument("--niid", action=argparse.BooleanOptionalAction, default=None,
                    help="--niid is --data both, --no-niid is --data iid")
-    r.add_argument("--repeats", type=_positive_int, default=1,
+    r.add_argument("--repeats", type=positive_int, default=1,
                    help="run everything R times (cells: mean ± std)")
     r.add_argument("--policy", choices=POLICIES, default="planned",
                    help="ESync's state-server policy; both: every ESync row twice")
@@ -250,11 +242,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="learning-rate grid (lr x the gradient summed over the batch): a short "
                         "run of every row with each value, then the full runs with each row's "
                         "best; none: use -l/-ll")
-    r.add_argument("--tune-budget", type=_positive_float, default=12.0,
+    r.add_argument("--tune-budget", type=positive_float, default=12.0,
                    help="training seconds of each tuning run")
-    r.add_argument("--local-eval-every", type=_positive_int, default=100,
+    r.add_argument("--local-eval-every", type=positive_int, default=100,
                    help="standalone run: evaluate every this many iterations (main.py -e)")
-    r.add_argument("--job-timeout", type=_positive_float, default=None,
+    r.add_argument("--job-timeout", type=positive_float, default=None,
                    help="stop a run that lasts longer than this many seconds "
                         "(default: 2 x its budget + 300)")
     o = parser.add_argument_group("output")
@@ -277,11 +269,11 @@ def parse_args(argv) -> argparse.Namespace:
                                                                          "--bandwidth")
     args.server_rate = (None if args.server_bandwidth == "auto"
                         else parse_rates(args.server_bandwidth, "--server-bandwidth")[0])
-    from esync.models import NETWORKS
+    from esync.worker.models import NETWORKS
     if args.network not in NETWORKS:
         raise UsageError(f"argument -n/--network: {args.network!r} is not a network; choose "
                          f"one of {', '.join(NETWORKS)}")
-    from esync.data import FASHION_FILES, FASHION_SUBDIR
+    from esync.worker.data import FASHION_FILES, FASHION_SUBDIR
     folder = Path(args.data_dir) / FASHION_SUBDIR
     missing = [f for pair in FASHION_FILES.values() for f in pair if not (folder / f).exists()]
     if missing:

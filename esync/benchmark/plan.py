@@ -7,7 +7,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from esync import modes
+from esync.common import modes
 
 REPO = Path(__file__).resolve().parents[2]
 MAIN = REPO / "main.py"

@@ -9,13 +9,13 @@ import socket
 from datetime import datetime
 from pathlib import Path
 
-from esync import modes
+from esync.common import modes
 from esync.analysis.table import mean_std, time_cell, write_table
 from esync.benchmark.options import canonical_command
 from esync.benchmark.plan import Job, Setting, display_argv
 from esync.benchmark.runs import tail
 from esync.benchmark.shaping import rate_bit_s
-from esync.fsutil import atomic_write_text
+from esync.common.files import atomic_write_text
 
 FIGURES_DIR = "figures"
 

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from esync.benchmark.plan import REPO, Job, child_env
-from esync.procs import die_with_parent, kill_group
+from esync.common.procs import die_with_parent, kill_group
 
 PROG = "esync-benchmark"
 TAIL_LINES = 25

@@ -42,7 +42,7 @@ def measure(network: str, batch_size: int) -> dict:
     import mxnet as mx
     from mxnet import autograd, gluon
 
-    from esync import models
+    from esync.worker import models
     net = models.build(network, mx.cpu(), seed=0)
     trainable, _ = models.trainable_and_aux(net)
     model_bytes = sum(int(p.data().size) * 4 for p in trainable)

@@ -1,6 +1,6 @@
 """``python -m esync.launch`` is ``esync-cluster``."""
 import sys
 
-from esync.launch import main
+from esync.launch.program import main
 
 sys.exit(main())

@@ -32,7 +32,7 @@ import threading
 import time
 from pathlib import Path
 
-from esync.procs import die_with_parent, kill_group
+from esync.common.procs import die_with_parent, kill_group
 
 EXIT_LINE = "esync-runner exit"
 PID_LINE = "esync-runner pid"
@@ -124,7 +124,7 @@ def _stop_on_file(role: Role, path: Path) -> None:
 
 
 def _write_exit(path: Path, code: int) -> None:
-    from esync.fsutil import atomic_write_text
+    from esync.common.files import atomic_write_text
     atomic_write_text(path, f"{code}\n")
 
 

@@ -26,8 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from esync.common import runlayout
+from esync.common.runlayout import EvaluationLog
 from esync.launch.backends.base import Backend, Handle
-from esync.launch.plan import RoleSpec
+from esync.launch.roles import RoleSpec
 
 STOP_GRACE = 5.0            # seconds between SIGTERM and SIGKILL when stopping
 SERVICE_GRACE = 15.0        # scheduler/servers may end this long before the last worker
@@ -53,7 +55,7 @@ class RoundWatch:
         self.mode_dir = Path(mode_dir)
 
     def folder(self, spec: RoleSpec) -> Path:
-        return self.mode_dir / spec.host / spec.device
+        return runlayout.device_dir(self.mode_dir, spec.host, spec.device)
 
     def scan(self, specs) -> dict[str, tuple[int, float]]:
         """{worker name: (rounds logged, newest log's mtime)}."""
@@ -61,10 +63,9 @@ class RoundWatch:
         for spec in specs:
             count, newest = 0, 0.0
             try:
-                for entry in self.folder(spec).iterdir():
-                    if entry.name.startswith("iter-") and entry.name.endswith(".txt"):
-                        count += 1
-                        newest = max(newest, entry.stat().st_mtime)
+                for entry in runlayout.round_logs(self.folder(spec)).values():
+                    count += 1
+                    newest = max(newest, entry.stat().st_mtime)
             except OSError:
                 pass
             result[spec.name] = (count, newest)
@@ -125,7 +126,7 @@ class StallWatch:
         return now - self.last_change.get(name, self.started)
 
 
-class Progress:
+class RoundProgress:
     """Rounds done (the most advanced worker), latest test accuracy and elapsed time."""
 
     def __init__(self, mode_dir: Path, total_rounds: int | None, desc: str, quiet: bool):
@@ -138,8 +139,7 @@ class Progress:
             from tqdm import tqdm
             self.bar = tqdm(total=total_rounds or None, unit="round", desc=desc,
                             dynamic_ncols=True, file=sys.stderr, disable=not self.tty)
-        from esync.evaluator import EvaluationLog
-        self.evaluations = EvaluationLog(Path(mode_dir) / "evaluations.jsonl")
+        self.evaluations = EvaluationLog(runlayout.evaluations_file(mode_dir))
 
     def update(self, rounds: int, final: bool = False) -> None:
         """A live bar on a terminal; a plain line every 10 s in a log file or CI."""
@@ -182,7 +182,7 @@ class Supervisor:
     """
 
     def __init__(self, backend: Backend, proc_dir: Path, mode_dir: Path, options: Options, *,
-                 progress: Progress | None = None,
+                 progress: RoundProgress | None = None,
                  on_restart: Callable[[int], list[RoleSpec]] | None = None,
                  state_view: Callable[[], str] | None = None, out=None):
         self.backend, self.proc_dir, self.options = backend, Path(proc_dir), options

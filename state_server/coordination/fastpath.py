@@ -22,7 +22,7 @@ from django.conf import settings
 
 from . import services, views
 from .http import FieldError, bearer_token, check_token, json_fields
-from esync.policy import PolicyError
+from esync.coordination.limits import PolicyError
 
 APPLY_PATH = re.compile(r"/(?:jobs/(?P<job>[A-Za-z0-9._-]{1,64})/)?apply/?")
 # What Django's SecurityMiddleware adds to every answer, so both paths answer alike.

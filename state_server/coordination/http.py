@@ -21,7 +21,7 @@ from django.http import JsonResponse
 from django.http.multipartparser import MultiPartParserError
 from django.views.decorators.csrf import csrf_exempt
 
-from esync.policy import AUTO, PolicyError, PolicyMismatch
+from esync.coordination.limits import AUTO, PolicyError, PolicyMismatch
 
 from .services import JobNotFound, PersistError
 

@@ -1,7 +1,7 @@
 """What survives a restart: each job's configuration, every worker's round and state, every
 closed round and every round report.
 
-The live decision state lives in memory (``esync.policy``); these rows let a restarted server
+The live decision state lives in memory (``esync.coordination.job``); these rows let a restarted server
 rebuild a job (``WorkerState`` per rank, the last ``RoundReport``) and let anyone inspect a
 finished one (``WorkerRound``).
 """

@@ -1,7 +1,7 @@
 """Reads: live state of a job, its persisted round history, the list of jobs."""
 from __future__ import annotations
 
-from esync.policy import AUTO
+from esync.coordination.limits import AUTO
 
 from .models import Job, WorkerRound
 from .services import JobNotFound, job_live

@@ -1,7 +1,7 @@
 """Writes: create jobs, record decisions, rounds and closed rounds. Views call these; they call
-esync.policy.
+esync.coordination.job.
 
-The live state of every job is an ``esync.policy.JobState`` held in this process (one gunicorn
+The live state of every job is an ``esync.coordination.job.JobState`` held in this process (one gunicorn
 process, many threads). The database keeps what a restart needs: the job (``Job``), every
 worker's round and state (``WorkerState``), the round reports and their plans (``RoundReport``),
 and the round history (``WorkerRound``).
@@ -26,7 +26,9 @@ import threading
 from django.db import close_old_connections, connection, transaction
 from django.utils import timezone
 
-from esync.policy import AUTO, Changes, Decision, JobRegistry, JobState
+from esync.coordination.limits import AUTO
+from esync.coordination.job import Changes, JobRegistry, JobState
+from esync.coordination.rules import Decision
 
 from .models import Job, RoundReport, WorkerRound, WorkerState
 

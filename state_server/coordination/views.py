@@ -9,7 +9,7 @@ call of an older round changes nothing. ``rounds`` is the one-call-per-round rep
 """
 from django.http import JsonResponse
 
-from esync.policy import MAX_BATCH
+from esync.coordination.limits import MAX_BATCH
 
 from . import selectors, services
 from .http import (ERR_NOT_FOUND, ERR_SERVER, FieldError, api, epsilon_field, error_response,

@@ -11,7 +11,7 @@ from django.db import transaction
 
 from coordination.models import Job
 from coordination.services import JobNotFound
-from esync.policy import MAX_ROUND, PolicyError, check_float, check_int
+from esync.coordination.limits import MAX_ROUND, PolicyError, check_float, check_int
 
 from .models import Score, WorkerInfo
 

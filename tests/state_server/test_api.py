@@ -11,8 +11,7 @@ from coordination.http import (ERR_BODY_TOO_LARGE, ERR_JOB_NAME, ERR_MISSING, ER
                                ERR_NOT_NUMBER, ERR_TOKEN_MISSING, ERR_TOKEN_WRONG)
 from coordination.models import Job, WorkerRound
 from coordination.services import ERR_UNKNOWN_JOB
-from esync.policy import (ERR_C, ERR_EPSILON, ERR_K, ERR_NUM_WORKERS, ERR_POLICY, ERR_RANK,
-                          ERR_ROUND, ERR_WRONG_POLICY_PLAN)
+from esync.coordination.limits import ERR_C, ERR_EPSILON, ERR_K, ERR_NUM_WORKERS, ERR_POLICY, ERR_RANK, ERR_ROUND, ERR_WRONG_POLICY_PLAN
 
 pytestmark = pytest.mark.usefixtures("fresh_state")
 

@@ -10,7 +10,7 @@ from coordination import services
 from coordination.http import ERR_TOKEN_MISSING
 from coordination.models import Job
 from dashboard.services import ERR_ACCURACY, ERR_HELLO_RANK, ERR_HOST
-from esync.policy import JobState
+from esync.coordination.job import JobState
 
 pytestmark = pytest.mark.usefixtures("fresh_state")
 

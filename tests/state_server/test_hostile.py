@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from esync.state_service import free_port, start_state_server, stop, wait_until_up
+from esync.coordination.service import free_port, start_state_server, stop, wait_until_up
 
 ROOT = Path(__file__).resolve().parents[2]
 

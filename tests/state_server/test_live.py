@@ -1,4 +1,4 @@
-"""A real state server (gunicorn, started by esync.state_service) on a free loopback port."""
+"""A real state server (gunicorn, started by esync.coordination.service) on a free loopback port."""
 import http.client
 import socket
 import threading
@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from esync.state_client import StateClient, StateServerError
-from esync.state_service import free_port, start_state_server, stop, wait_until_up
+from esync.coordination.client import StateClient, StateServerError
+from esync.coordination.service import free_port, start_state_server, stop, wait_until_up
 
 TOKEN = "live-token-19c2"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import requests
 
-from esync.state_service import free_port
+from esync.coordination.service import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

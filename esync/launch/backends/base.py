@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from esync.launch.plan import RoleSpec
+from esync.launch.roles import RoleSpec
 
 
 class Handle:

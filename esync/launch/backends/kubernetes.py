@@ -33,9 +33,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from esync.errors import UsageError
+from esync.common.errors import UsageError
 from esync.launch.backends.base import Backend, Handle
-from esync.launch.plan import Host, Hosts, RoleSpec
+from esync.launch.roles import Host, Hosts, RoleSpec
 from esync.launch.runner import device_kind, spec_to_json
 
 KUBERNETES_VERSION = "1.30.0"      # the API version the manifests are written and validated for
@@ -205,7 +205,7 @@ class Manifests:
     def write(self, folder: Path, repo: Path) -> list[Path]:
         import yaml
 
-        from esync.fsutil import atomic_write_text
+        from esync.common.files import atomic_write_text
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         written = []

@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 
 from esync.launch.backends.base import Backend, Handle
-from esync.launch.plan import REPO, RoleSpec
-from esync.procs import die_with_parent, kill_group
+from esync.launch.roles import REPO, RoleSpec
+from esync.common.procs import die_with_parent, kill_group
 
 PROCESS_STATES = {"R": "running", "S": "sleeping", "D": "in uninterruptible I/O",
                   "T": "stopped", "t": "stopped by a debugger", "Z": "exited (zombie)"}

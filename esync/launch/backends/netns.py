@@ -7,7 +7,7 @@ The scheduler, parameter server(s), state server and evaluator run on host ``ps`
 ``host0``, ``host1``... (one per worker unless ``--hosts`` groups devices, whose workers then
 share their host's link). Processes are local processes started through ``ip netns exec``, so
 they die with the launcher like any local process; data and logs stay on the shared file system,
-each host's name being the ``<host>`` folder of its workers' logs. The topology (esync.netns) is
+each host's name being the ``<host>`` folder of its workers' logs. The topology (esync.launch.namespaces) is
 removed by ``close()``, which the supervisor calls on every way out; what a SIGKILLed launcher
 left is removed by the next run.
 """
@@ -16,10 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from esync import netns
-from esync.errors import UsageError
+import esync.launch.namespaces as netns
+from esync.common.errors import UsageError
 from esync.launch.backends.local import LocalBackend
-from esync.launch.plan import REPO, Host, Hosts, RoleSpec
+from esync.launch.roles import REPO, Host, Hosts, RoleSpec
 
 PS_HOST = "ps"
 
@@ -47,9 +47,9 @@ class Layout:
     rates: dict                            # host name -> rate text or None (ps included)
 
     @property
-    def hosts(self) -> list[netns.Host]:
+    def hosts(self) -> list[netns.EmulatedHost]:
         names = [PS_HOST] + sorted(set(self.worker_hosts), key=lambda n: int(n[4:]))
-        return [netns.Host(name, self.rates.get(name)) for name in names]
+        return [netns.EmulatedHost(name, self.rates.get(name)) for name in names]
 
 
 def layout_from_args(args, workers: int) -> Layout | None:

@@ -28,9 +28,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from esync.errors import UsageError
+from esync.common.errors import UsageError
 from esync.launch.backends.base import Backend, Handle
-from esync.launch.plan import REPO, ClusterConfig, Host, Hosts, RoleSpec, plan_roles
+from esync.launch.roles import REPO, ClusterConfig, Host, Hosts, RoleSpec, plan_roles
 from esync.launch.runner import read_exit, run
 
 ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED"}

@@ -27,11 +27,11 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from esync.errors import UsageError
+from esync.common.errors import UsageError
 from esync.launch.backends.base import Backend, Handle
-from esync.launch.plan import REPO, Host, Hosts, RoleSpec
+from esync.launch.roles import REPO, Host, Hosts, RoleSpec
 from esync.launch.runner import PID_LINE, parse_exit_line
-from esync.procs import die_with_parent, kill_group
+from esync.common.procs import die_with_parent, kill_group
 
 SSH_FAILED = 255          # ssh's own exit code when the connection failed
 DEVICE = re.compile(r"^(cpu|gpu\d+)$")

@@ -23,7 +23,7 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
-from esync.errors import UserError
+from esync.common.errors import UserError
 
 EVENT_GLOB = "events.out.tfevents.*"
 FLUSH_SECONDS = 2          # a live TensorBoard sees a round within seconds

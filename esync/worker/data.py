@@ -6,7 +6,7 @@ The data lives in the four standard IDX files under ``<data_dir>/fashion-mnist/`
     t10k-images-idx3-ubyte.gz   t10k-labels-idx1-ubyte.gz
 
 Put the official files there, or make them with ``python scripts/prepare_data.py`` (see
-``esync.prepare``). MXNet's ``gluon.data.vision.FashionMNIST`` is not used: it downloads files
+``esync.worker.prepare``). MXNet's ``gluon.data.vision.FashionMNIST`` is not used: it downloads files
 whose checksums differ from what it expects; this module's small reader is used instead.
 
 Typical use in a worker::
@@ -16,7 +16,7 @@ Typical use in a worker::
     stream = BatchStream(images[shard], labels[shard], batch_size=64, ctx=mx.cpu())
     data, label = stream.next_batch()
 
-MXNet is imported only when a batch is made, so that the IDX tools (and ``esync.prepare``) start
+MXNet is imported only when a batch is made, so that the IDX tools (and ``esync.worker.prepare``) start
 fast.
 """
 import gzip
@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from esync.errors import UserError
-from esync.fsutil import atomic_open
+from esync.common.errors import UserError
+from esync.common.files import atomic_open
 
 NUM_CLASSES = 10
 IMAGE_SIZE = 28
@@ -118,7 +118,7 @@ def read_idx(path):
 def write_idx(path, array, *, compresslevel=6):
     """Write ``array`` as an IDX file, gzip-compressed when ``path`` ends in ``.gz``.
 
-    The write is atomic and durable (``esync.fsutil``), and the gzip header carries no name and
+    The write is atomic and durable (``esync.common.files``), and the gzip header carries no name and
     no time stamp, so the same array always gives the same bytes.
     """
     path = Path(path)

@@ -13,7 +13,7 @@ from mxnet import gluon
 from mxnet.gluon import nn
 from mxnet.gluon.model_zoo import vision
 
-from esync.errors import UserError
+from esync.common.errors import UserError
 
 NUM_CLASSES = 10
 

@@ -41,8 +41,8 @@ from pathlib import Path
 
 import numpy as np
 
-from esync.fsutil import atomic_open
-from esync.data import (ALL_FASHION_FILES, FASHION_FILES, FASHION_SUBDIR, IMAGE_SIZE,
+from esync.common.files import atomic_open
+from esync.worker.data import (ALL_FASHION_FILES, FASHION_FILES, FASHION_SUBDIR, IMAGE_SIZE,
                         NUM_CLASSES, DataError, check_fashion_arrays, read_idx,
                         write_idx)
 

@@ -14,7 +14,7 @@ group: ``stop`` ends gunicorn's arbiter and its worker together, ``stop(proc, ha
 them at once (what a crash looks like; the tests use it). Children die with the process that
 started them (PR_SET_PDEATHSIG), so a SIGKILLed launcher leaves no server behind.
 
-``python -m esync.state_service --host H --port P`` (token and database in ``ESYNC_STATE_TOKEN``
+``python -m esync.coordination.service --host H --port P`` (token and database in ``ESYNC_STATE_TOKEN``
 and ``ESYNC_STATE_DB``) migrates and then becomes gunicorn: the one command every launcher
 backend runs for the state server.
 """
@@ -31,9 +31,9 @@ from pathlib import Path
 
 import requests
 
-from esync.procs import die_with_parent, free_port, kill_group  # noqa: F401 (free_port: API)
+from esync.common.procs import die_with_parent, free_port, kill_group  # noqa: F401 (free_port: API)
 
-SERVER_DIR = Path(__file__).resolve().parents[1] / "state_server"
+SERVER_DIR = Path(__file__).resolve().parents[2] / "state_server"
 DEFAULT_THREADS = 8
 
 ERR_MIGRATE = "state server migrations failed (exit {code}); see {log}:\n{tail}"
@@ -143,14 +143,14 @@ def stop(proc: subprocess.Popen, *, timeout: float = 10.0, hard: bool = False) -
 
 
 def serve(argv=None) -> int:
-    """``python -m esync.state_service --host H --port P``: migrate, then become gunicorn.
+    """``python -m esync.coordination.service --host H --port P``: migrate, then become gunicorn.
 
     One command for the whole state server, so that every launcher backend (local processes,
     ssh, Slurm, Kubernetes) starts it like any other role. The token and database come from
     ``ESYNC_STATE_TOKEN`` and ``ESYNC_STATE_DB``; ``exec`` keeps the pid, the process group and
     the die-with-parent setting of the process the launcher started.
     """
-    parser = argparse.ArgumentParser(prog="python -m esync.state_service",
+    parser = argparse.ArgumentParser(prog="python -m esync.coordination.service",
                                      description="Run the ESync state server (gunicorn).")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", type=int, required=True, help="port to listen on")
@@ -158,7 +158,7 @@ def serve(argv=None) -> int:
     args = parser.parse_args(argv)
     for name in ("ESYNC_STATE_TOKEN", "ESYNC_STATE_DB"):
         if not os.environ.get(name):
-            print(f"esync.state_service: error: environment variable {name} is not set",
+            print(f"esync.coordination.service: error: environment variable {name} is not set",
                   file=sys.stderr)
             return 2
     db_path = Path(os.environ["ESYNC_STATE_DB"]).resolve()     # gunicorn runs from state_server/
@@ -169,7 +169,7 @@ def serve(argv=None) -> int:
     code = subprocess.call(migrate_command(), env=env, stdin=subprocess.DEVNULL,
                            preexec_fn=die_with_parent)
     if code != 0:
-        print(f"esync.state_service: error: migrations failed (exit {code})", file=sys.stderr)
+        print(f"esync.coordination.service: error: migrations failed (exit {code})", file=sys.stderr)
         return 1
     command = gunicorn_command(args.host, args.port, args.threads)
     os.execve(command[0], command, env)

@@ -32,8 +32,8 @@ from urllib.parse import urlencode
 
 import urllib3
 
-from esync.errors import UserError
-from esync.policy import Decision
+from esync.common.errors import UserError
+from esync.coordination.rules import Decision
 
 BACKOFF_FIRST = 0.05     # seconds before the first retry; doubles each time
 BACKOFF_MAX = 2.0        # longest pause between two tries
@@ -103,7 +103,7 @@ class StateClient:
         return self.decide(rank, k, c, t).ready
 
     def decide(self, rank: int, k: int, c: float, t: int | None = None) -> Decision:
-        """``apply`` with the answer's lease (``esync.policy.Decision``); a server that sends no
+        """``apply`` with the answer's lease (``esync.coordination.job.Decision``); a server that sends no
         ``budget`` (an older one) gives 0: ask before every iteration, as the original did."""
         fields = {"r": rank, "k": k, "c": c}
         if t is not None:

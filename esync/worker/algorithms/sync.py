@@ -7,7 +7,7 @@ every worker, and the checkpoints, hold the mean of the workers' statistics.
 """
 from mxnet import nd
 
-from esync.algorithms.base import Algorithm, datas, grads
+from esync.worker.algorithms.base import Algorithm, datas, grads
 
 
 class SyncSGD(Algorithm):

@@ -1,10 +1,10 @@
 """Synchronization algorithms, one per module, chosen by the ``-m`` value (and ``-dcasgd``).
 
-Which class runs which mode is in the mode registry (``esync.modes``); these wrappers keep the
+Which class runs which mode is in the mode registry (``esync.common.modes``); these wrappers keep the
 older names working.
 """
-from esync import modes
-from esync.algorithms.base import Algorithm, AlgorithmConfig, Worker
+from esync.common import modes
+from esync.worker.algorithms.base import Algorithm, AlgorithmConfig, Worker
 
 MODES = modes.CLI_MODES
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -40,12 +39,12 @@ class Split:
 
 
 MODES: tuple[Mode, ...] = (
-    Mode("esync", "ESync", "m", "esync.algorithms.esync:ESync", "esync", summary="ESync"),
-    Mode("sync", "SSGD", "orange", "esync.algorithms.sync:SyncSGD", "sync", summary="Sync"),
-    Mode("async", "ASGD", "b", "esync.algorithms.async_:AsyncSGD", "async", summary="Async"),
-    Mode("dcasgd", "DC-ASGD", "g", "esync.algorithms.async_:DCASGD", "async", dcasgd=1,
+    Mode("esync", "ESync", "m", "esync.worker.algorithms.esync:ESync", "esync", summary="ESync"),
+    Mode("sync", "SSGD", "orange", "esync.worker.algorithms.sync:SyncSGD", "sync", summary="Sync"),
+    Mode("async", "ASGD", "b", "esync.worker.algorithms.async_:AsyncSGD", "async", summary="Async"),
+    Mode("dcasgd", "DC-ASGD", "g", "esync.worker.algorithms.async_:DCASGD", "async", dcasgd=1,
          summary="DCASGD"),
-    Mode("local", "Standalone SGD", "k", "esync.algorithms.local:Standalone", "local",
+    Mode("local", "Standalone SGD", "k", "esync.worker.algorithms.standalone:Standalone", "local",
          summary="Local", cluster=False),
 )
 SPLITS: tuple[Split, ...] = (
@@ -92,12 +91,6 @@ def split(value: int) -> Split:
 def folder_name(mode: str, use_dcasgd: int = 0, split_by_class: int = 0) -> str:
     """Log folder of ``-m mode -dcasgd D -s S``: ``dcasgd``, ``sync-niid``, ..."""
     return for_cli(mode, use_dcasgd).name + split(split_by_class).suffix
-
-
-def mode_dir(args) -> Path:
-    """``<log_dir>/<network>/<mode folder>`` of a parsed main.py / esync-cluster namespace."""
-    return (Path(args.log_dir) / args.network
-            / folder_name(args.mode, args.use_dcasgd, args.split_by_class))
 
 
 def parse_folder(name: str) -> tuple[str, Split]:

@@ -1,6 +1,6 @@
 """The interface every synchronization algorithm implements.
 
-The training loop (``esync.trainer``) exists once; an algorithm only fills in these hooks:
+The training loop (``esync.worker.trainer``) exists once; an algorithm only fills in these hooks:
 
     prepare()                 before the parameter server's keys are created (optimizer, state server)
     state_arrays()            the algorithm's own state (checkpointed; rank 0's reaches everyone)
@@ -21,8 +21,8 @@ from typing import Optional
 import mxnet as mx
 from mxnet import gluon, nd
 
-from esync.kvstore import ControlSum, KeyMap, KVChannel, control_vector, read_control
-from esync.measure import RoundRecord
+from esync.worker.kvstore import ControlSum, KeyMap, KVChannel, control_vector, read_control
+from esync.worker.measure import RoundRecord
 
 
 @dataclass(frozen=True)
@@ -130,7 +130,7 @@ class Algorithm:
                  c: float = 0.0, plan=None) -> ControlSum:
         """Push `arrays` and this worker's control vector, pull the sums, one wait.
 
-        The control vector (``esync.kvstore.control_vector``) carries the stop vote, the samples,
+        The control vector (``esync.worker.kvstore.control_vector``) carries the stop vote, the samples,
         this worker's ``k`` and ``c`` and (rank 0) a plan; the returned sum holds everyone's. The
         global number of samples of the round is left in ``self.global_samples``.
         """

@@ -9,7 +9,7 @@ never the evaluation.
 """
 from __future__ import annotations
 
-from esync.tboard import EvaluationScalars
+from esync.worker.tboard import EvaluationScalars
 
 POST_RETRY_SECONDS = 10.0       # a restarting state server is back within this; then give up
 
@@ -21,7 +21,7 @@ class ScoreReport:
         self.client = None
         if args.mode == "esync" and not args.local_iters:
             if args.state_token:
-                from esync.state_client import StateClient
+                from esync.coordination.client import StateClient
                 self.client = StateClient(f"http://{args.state_server_ip}:{args.state_server_port}",
                                           job=args.job, token=args.state_token,
                                           retry_for=POST_RETRY_SECONDS)
@@ -33,7 +33,7 @@ class ScoreReport:
         if self.scalars is not None:
             self.scalars.add_score(round_no, training_seconds=training_seconds, accuracy=accuracy)
         if self.client is not None:
-            from esync.state_client import StateServerError
+            from esync.coordination.client import StateServerError
             try:
                 self.client.score(round_no, time=training_seconds, accuracy=accuracy)
             except StateServerError as exc:

@@ -1,6 +1,6 @@
 """Emulated hosts on one machine: a network namespace per host, one bridge, shaped links.
 
-    topo = Topology([Host("ps", rate="100mbit"), Host("host0", rate="20mbit")])
+    topo = Topology([EmulatedHost("ps", rate="100mbit"), EmulatedHost("host0", rate="20mbit")])
     topo.create()                        # clears what dead launchers left, then builds
     subprocess.Popen(topo.exec_prefix("host0") + ["python", "main.py", ...])
     topo.remove()                        # also on Ctrl-C, SIGTERM and crashes (the caller's job)
@@ -18,7 +18,7 @@ between emulated hosts can never leave the machine and the subnet cannot clash w
 `netem` is missing on the kernels we target, so links have a rate but no added latency.
 
 Every name carries the owner's pid. A launcher killed with SIGKILL cannot clean up; the next
-`create()` (or ``python -m esync.netns clean``) removes the namespaces of owners that are gone,
+`create()` (or ``python -m esync.launch.namespaces clean``) removes the namespaces of owners that are gone,
 and never those of a live process: other runs on the machine keep theirs.
 """
 from __future__ import annotations
@@ -38,7 +38,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from esync.errors import UsageError
+from esync.common.errors import UsageError
 
 PREFIX = "esy"
 SWITCH = "sw"                     # the bridge's namespace suffix (not a valid host name)
@@ -89,7 +89,7 @@ def check_available() -> None:
 
 
 @dataclass(frozen=True)
-class Host:
+class EmulatedHost:
     name: str
     rate: str | None = None          # egress rate (tc syntax), None: unshaped
 
@@ -208,7 +208,7 @@ def tbf_args(rate: str) -> list[str]:
 class Topology:
     """One bridge and one namespace per host; create() builds it, remove() tears it down."""
 
-    def __init__(self, hosts: list[Host], *, owner_pid: int | None = None):
+    def __init__(self, hosts: list[EmulatedHost], *, owner_pid: int | None = None):
         names = [h.name for h in hosts]
         for name in names:
             if not HOST_RE.match(name) or name == SWITCH:
@@ -381,14 +381,14 @@ def _copy(source: socket.socket, sink: socket.socket) -> None:
 
 
 def main(argv=None) -> int:
-    """``python -m esync.netns list|clean``: show ours, or remove what dead launchers left."""
-    parser = argparse.ArgumentParser(prog="python -m esync.netns", description=main.__doc__)
+    """``python -m esync.launch.namespaces list|clean``: show ours, or remove what dead launchers left."""
+    parser = argparse.ArgumentParser(prog="python -m esync.launch.namespaces", description=main.__doc__)
     parser.add_argument("action", choices=["list", "clean"])
     args = parser.parse_args(argv)
     try:
         check_available()
     except NetnsError as exc:
-        print(f"esync.netns: error: {exc}", file=sys.stderr)
+        print(f"esync.launch.namespaces: error: {exc}", file=sys.stderr)
         return 2
     if args.action == "clean":
         for name in remove_stale():

@@ -1,76 +1,8 @@
-"""The ESync state server's decisions: how long each worker keeps computing locally in a round.
+"""One job's live state on the state server: every worker's k, c, round; history; persistence.
 
-Plain Python with an injected clock, so every branch is testable without HTTP; the Django views
-of ``state_server/`` only parse, validate, call this module and serialise (see
-``docs/ALGORITHM.md``).
-
-Two policies, chosen per job at ``init``:
-
-``dynamic`` (the original ESync, one request before every local iteration)
-    ``JobState.apply(rank, k, c)`` follows the pseudo-code: record ``k_i``, ``c_i`` and
-    ``seen_i`` (the *server's* receive time; worker timestamps are never used, so clocks need not
-    agree), then answer "not ready" when ``k_i == 0`` or when the slowest worker ``s`` (largest
-    ``c``) has not started the current round, and "ready" when ``i == s``, when ``s`` is already
-    ready, or when ``c_i + slack_i > remaining`` with ``remaining = c_s - (now - seen_s)``.
-    "Has not started" also covers a slowest worker that entered the round but has not reported in
-    it yet: its ``seen`` then dates from the previous round and ``remaining`` would be meaningless
-    (unless it is already ready: after a restart it will not report again in this round).
-
-    The lease (``JobState.decide``): a "not ready" answer also says for how long the rule will
-    keep saying it, ``budget = remaining - slack_i`` (before the slowest has started, its whole
-    last ``c_s`` minus the slack: it starts after now). Any iteration the worker starts within
-    ``budget - c_i`` of the answer would be told "not ready", so the trainer does not ask for
-    it; it asks when the lease runs out, and the server, not the worker, says "ready". A fast
-    worker asks twice per round (after its first iteration, which also enters the round, and
-    once at the end) instead of before each iteration (``esync.state_client.ReadinessAsker``).
-    The worker counts the lease from the answer's arrival (the budget was computed after the
-    call's wait in the server's queue, which under load is most of a call), so a lease is too
-    long for the rule as it stood by at most the answer's transit back (a worker that may be the
-    slowest waits for its k = 0 answer before computing, so it starts after the server saw it);
-    if the slowest then finishes early, the worker runs on for at most the difference.
-
-``planned`` (new: one request per worker per round)
-    ``JobState.plan(rank, c)`` is called once at the start of a round and returns
-    ``k_i = max(1, floor((c_s - slack_i) / c_i))`` from the latest known ``c`` of every worker;
-    the slowest worker itself, and everyone while some worker's ``c`` is still unknown, get 1.
-
-The slack
----------
-A number given at ``init`` is the original's absolute ``epsilon`` in seconds, unchanged (the
-original's default was 0.5 s, which turns ESync into SSGD as soon as an iteration takes less than
-0.5 s: ``c_i + 0.5 > remaining`` always holds).
-
-The default, ``"auto"``, is scale-free::
-
-    slack_i = (o_i - o_s) - c_i / N
-
-``o_i`` is worker i's *per-iteration overhead*, measured on the server's own clock: between two
-consecutive reports of one round (``k`` going up by one) the worker spent ``now - seen_i``, of
-which ``c`` was the iteration it reports, so ``o = max(0, now - seen_i - c)`` (request round trip,
-batch loading, anything outside ``c``); it is smoothed with an exponential moving average.
-Why these two terms:
-
-* Overheads.  Worker i, told "not ready" now, reports again at ``now + c_i + o_i``; the slowest
-  reports its finished iteration at ``seen_s + c_s + o_s``.  Aggregation starts when both have
-  reported, so one more iteration fits iff ``c_i + o_i - o_s <= remaining``.  On a uniform network
-  the overheads cancel; a worker on a slower link (or with slower batch loading) stops earlier.
-* ``- c_i / N``.  Timings are noisy, so the last iteration that "fits" may overshoot a little.
-  Stopping early idles one worker for (up to) ``c_i``; overshooting by ``x`` idles the other
-  ``N - 1`` workers for ``x``.  One more iteration pays off iff ``(N - 1) x < c_i - x``, i.e.
-  ``x < c_i / N``: so a predicted overshoot below ``c_i / N`` is accepted.  With the planned
-  policy this makes ``k_i = floor(c_s / c_i + 1 / N)``: a worker measured 1.97 times faster than
-  the slowest does 2 iterations, not 1 (plain flooring would waste half its time on noise).
-
-Both terms scale with the iteration time and the measured latency, so the rule behaves the same
-for 5 ms and 5 s iterations.  Overheads are only measurable from per-iteration reports, so under
-the planned policy they are 0 unless the worker also reported per iteration.
-
-One report per round (``JobState.report_round``, the planned policy without HTTP on the
-critical path)
-    After round t's parameter exchange, rank 0 reports every worker's ``k`` and ``c`` of round t in
-    one call and gets back the plan of every worker for the next round it can influence.  The plan
-    is ``plan_round``, the same pure function ``plan`` uses, so both give the same ``k_i`` for the
-    same durations.
+The decisions themselves are the pure rules of ``esync.coordination.rules``; this module keeps
+the bookkeeping around them, thread-safe (every public method of ``JobState`` holds the job's
+lock: the state server runs threaded).
 
 Idempotency
 -----------
@@ -94,167 +26,27 @@ reported, or the planned ``k``), ``c`` (last duration), ``compute`` (sum of the 
 ``k * c`` under the planned policy) and ``wait`` (time in the round on the server's clock minus
 ``compute``: aggregation, waiting for the others, requests).  ``enter_round`` returns it so that
 the caller can persist it.
-
-Every public method of ``JobState`` holds the job's lock: the state server runs threaded.
 """
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Callable
 
-POLICIES = ("dynamic", "planned")
-AUTO = "auto"
-
-# Limits of accepted values: anything beyond is a client bug, rejected before it touches state.
-MAX_WORKERS = 4096
-MAX_K = 10_000_000          # local iterations in one round
-MAX_C = 86_400.0            # seconds per local iteration
-MAX_ROUND = 1_000_000_000
-MAX_EPSILON = 3_600.0       # seconds of absolute slack
-MAX_PLANNED_K = 1_000_000   # cap on a planned k (c_s / c_i with a near-zero c_i)
-OVERHEAD_SMOOTHING = 0.25   # weight of the newest sample in the overhead moving average
-HISTORY_IN_MEMORY = 10_000  # records kept in memory per job (the state server also persists them)
-
-ERR_NUM_WORKERS = f"num_workers must be an integer in [1, {MAX_WORKERS}]"
-ERR_EPSILON = f"epsilon must be 'auto' or a number of seconds in [0, {MAX_EPSILON:g}]"
-ERR_POLICY = "policy must be one of: " + ", ".join(POLICIES)
-ERR_RANK = "r (the worker's rank) must be an integer in [0, {num_workers})"
-ERR_K = f"k (local iterations done this round) must be an integer in [0, {MAX_K}]"
-ERR_C = f"c (duration of the last local iteration) must be a number of seconds in [0, {MAX_C:g}]"
-ERR_ROUND = f"t (the round entered) must be an integer in [1, {MAX_ROUND}]"
-ERR_WRONG_POLICY_APPLY = "this job uses the 'planned' policy: call plan, not apply"
-ERR_WRONG_POLICY_PLAN = "this job uses the 'dynamic' policy: call apply, not plan"
-ERR_WRONG_POLICY_ROUNDS = ("this job uses the 'dynamic' policy: report rounds only on a job "
-                           "initialised with policy 'planned'")
-ERR_ROUND_K = ("k must be a list of num_workers ({num_workers}) integers in [0, "
-               f"{MAX_K}]: the local iterations of every worker in round t")
-ERR_ROUND_C = ("c must be a list of num_workers ({num_workers}) numbers of seconds in [0, "
-               f"{MAX_C:g}]: every worker's last local-iteration duration in round t")
-MAX_BATCH = 64              # round reports in one call (a reporter catching up)
-ERR_BATCH = f"rounds must be a list of 1 to {MAX_BATCH} objects {{t, k, c}}"
-PLANS_KEPT = 64             # answered plans remembered per job, to answer a repeated report
-
-PERSISTED_FIELDS = ("round", "k", "c", "ready", "planned_k", "overhead", "round_k",
-                    "round_compute")
-
-
-class PolicyError(ValueError):
-    """A rejected call; ``field`` names the offending input. State is unchanged."""
-
-    def __init__(self, message: str, field: str):
-        super().__init__(message)
-        self.message = message
-        self.field = field
-
-
-class PolicyMismatch(PolicyError):
-    """``apply`` on a planned job or ``plan`` on a dynamic one."""
-
-
-def check_int(value, *, low: int, high: int, message: str, field: str) -> int:
-    """``value`` as an int in [low, high], or PolicyError (bools are not integers)."""
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise PolicyError(message, field)
-    return value
-
-
-def check_float(value, *, low: float, high: float, message: str, field: str) -> float:
-    """``value`` as a finite float in [low, high], or PolicyError."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise PolicyError(message, field)
-    try:
-        value = float(value)
-    except OverflowError:                                 # an integer too large for a float
-        raise PolicyError(message, field) from None
-    if not math.isfinite(value) or not low <= value <= high:
-        raise PolicyError(message, field)
-    return value
-
-
-def check_epsilon(value) -> float | str:
-    """``"auto"`` or absolute seconds."""
-    if value == AUTO:
-        return AUTO
-    return check_float(value, low=0.0, high=MAX_EPSILON, message=ERR_EPSILON, field="epsilon")
-
-
-def check_policy(value) -> str:
-    if value not in POLICIES:
-        raise PolicyError(ERR_POLICY, "policy")
-    return value
-
-
-# -- the planned policy as pure functions (shared by ``plan`` and ``report_round``) ----------------
-
-def slowest_rank(durations) -> int:
-    """Rank with the largest duration (lowest rank on ties)."""
-    best = 0
-    for rank, c in enumerate(durations):
-        if c > durations[best]:
-            best = rank
-    return best
-
-
-def slack_of(epsilon: float | str, *, c_i: float, num_workers: int, overhead_i: float = 0.0,
-             overhead_s: float = 0.0) -> float:
-    """Worker i's slack: absolute ``epsilon``, or the module docstring's automatic slack."""
-    if epsilon != AUTO:
-        return epsilon
-    return (overhead_i - overhead_s) - c_i / num_workers
-
-
-def planned_k(c_i: float, c_s: float, slack_i: float) -> int:
-    """Iterations of duration ``c_i`` that fit in the slowest's ``c_s`` given ``slack_i``."""
-    k = math.floor((c_s - slack_i) / c_i + 1e-9)
-    return max(1, min(MAX_PLANNED_K, k))
-
-
-def plan_for(rank: int, durations, *, epsilon: float | str, overheads=None) -> int:
-    """The planned policy's k for ``rank`` given every worker's latest duration (0: unknown)."""
-    if any(c <= 0 for c in durations):
-        return 1                                          # someone has never reported a duration
-    s = slowest_rank(durations)
-    return _plan_rank(rank, s, durations, epsilon=epsilon, overheads=overheads)
-
-
-def plan_round(durations, *, epsilon: float | str, overheads=None) -> list[int]:
-    """``plan_for`` of every rank at once (O(N))."""
-    if any(c <= 0 for c in durations):
-        return [1] * len(durations)
-    s = slowest_rank(durations)
-    return [_plan_rank(rank, s, durations, epsilon=epsilon, overheads=overheads)
-            for rank in range(len(durations))]
-
-
-def _plan_rank(rank: int, s: int, durations, *, epsilon, overheads) -> int:
-    if rank == s:
-        return 1
-    overhead_i = (overheads[rank] or 0.0) if overheads else 0.0
-    overhead_s = (overheads[s] or 0.0) if overheads else 0.0
-    slack = slack_of(epsilon, c_i=durations[rank], num_workers=len(durations),
-                     overhead_i=overhead_i, overhead_s=overhead_s)
-    return planned_k(durations[rank], durations[s], slack)
-
-
-@dataclass(frozen=True)
-class Decision:
-    """The dynamic policy's answer. ``budget`` (s) qualifies a "not ready": by the server's
-    clock, this worker would keep being told "not ready" for every iteration it starts within
-    ``budget - c`` seconds of this answer (as long as no report changes who is the slowest), so
-    it need not ask again before then. 0: ask before the next iteration."""
-    ready: bool
-    budget: float = 0.0
-
-
-READY, NOT_READY = Decision(True), Decision(False)
+from esync.coordination.limits import (
+    AUTO, ERR_BATCH, ERR_C, ERR_K, ERR_NUM_WORKERS, ERR_RANK, ERR_ROUND, ERR_ROUND_C,
+    ERR_ROUND_K, ERR_WRONG_POLICY_APPLY, ERR_WRONG_POLICY_PLAN, ERR_WRONG_POLICY_ROUNDS,
+    HISTORY_IN_MEMORY, MAX_BATCH, MAX_C, MAX_K, MAX_ROUND, MAX_WORKERS, OVERHEAD_SMOOTHING,
+    PERSISTED_FIELDS, PLANS_KEPT, PolicyError, PolicyMismatch, check_epsilon, check_float,
+    check_int, check_policy)
+from esync.coordination.rules import (
+    Decision, NOT_READY, READY, plan_for, plan_round, slack_of, slowest_rank)
 
 
 @dataclass
-class RoundRecord:
+class ClosedRound:
     """One worker's closed round, on the server's clock."""
 
     round: int
@@ -272,7 +64,7 @@ class RoundRecord:
 class RoundEntry:
     """What ``enter_round`` did: the closed record (if any) and whether a new round began."""
 
-    record: RoundRecord | None
+    record: ClosedRound | None
     new_round: bool
     current_round: int
     stale: bool = False          # t was older than the worker's round: nothing changed
@@ -285,7 +77,7 @@ class RoundReport:
     t: int
     plan: list[int]
     duplicate: bool
-    records: list[RoundRecord]
+    records: list[ClosedRound]
 
 
 @dataclass
@@ -294,7 +86,7 @@ class Changes:
 
     current_round: int
     workers: dict[int, dict]
-    records: list[RoundRecord]
+    records: list[ClosedRound]
     reports: list[tuple[int, list[int]]]
     last_report_t: int
 
@@ -340,7 +132,7 @@ class JobState:
         self._clock = clock
         self._lock = threading.Lock()
         self._workers = [_Worker(round=self.current_round) for _ in range(self.num_workers)]
-        self.history: deque[RoundRecord] = deque(maxlen=HISTORY_IN_MEMORY)
+        self.history: deque[ClosedRound] = deque(maxlen=HISTORY_IN_MEMORY)
         # Round reports (report_round): the last reported round, the plans answered, and when
         # the last report arrived (a round's duration on the server's clock).
         self.last_report_t = 0
@@ -348,7 +140,7 @@ class JobState:
         self._last_report_at: float | None = None     # unknown before the first report
         # Changes not yet taken by the persisting caller.
         self._dirty: set[int] = set()
-        self._new_records: list[RoundRecord] = []
+        self._new_records: list[ClosedRound] = []
         self._new_reports: list[tuple[int, list[int]]] = []
         self._round_changed = False
 
@@ -492,7 +284,7 @@ class JobState:
                     me.c = c
                 me.k, me.seen, me.started = k, now, True
                 compute = k * c
-                record = RoundRecord(round=t, rank=rank, k=k, c=c, compute=round(compute, 6),
+                record = ClosedRound(round=t, rank=rank, k=k, c=c, compute=round(compute, 6),
                                      wait=round(max(0.0, since - compute), 6)
                                      if since is not None else 0.0)
                 records.append(record)
@@ -625,7 +417,7 @@ class JobState:
     def _persisted(worker: _Worker) -> dict:
         return {name: getattr(worker, name) for name in PERSISTED_FIELDS}
 
-    def _enter(self, rank: int, t: int, now: float, *, durable: bool = True) -> RoundRecord | None:
+    def _enter(self, rank: int, t: int, now: float, *, durable: bool = True) -> ClosedRound | None:
         """Move worker ``rank`` forward into round ``t`` (> its round); the closed record.
 
         ``durable`` False: the entry need not be committed before the answer, only with the
@@ -680,7 +472,7 @@ class JobState:
                         overhead_i=self._workers[rank].overhead or 0.0,
                         overhead_s=self._workers[s].overhead or 0.0)
 
-    def _close_round(self, rank: int, me: _Worker, now: float) -> RoundRecord | None:
+    def _close_round(self, rank: int, me: _Worker, now: float) -> ClosedRound | None:
         if me.round_start is None:
             return None                                   # never active in that round
         if me.planned_k is not None:
@@ -688,7 +480,7 @@ class JobState:
         else:
             k, compute = me.round_k, me.round_compute
         wait = max(0.0, (now - me.round_start) - compute)
-        record = RoundRecord(round=me.round, rank=rank, k=k, c=me.c,
+        record = ClosedRound(round=me.round, rank=rank, k=k, c=me.c,
                              compute=round(compute, 6), wait=round(wait, 6))
         self.history.append(record)
         return record

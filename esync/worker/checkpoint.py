@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from esync.errors import UserError
-from esync.fsutil import atomic_write_bytes, atomic_write_text
+from esync.common.errors import UserError
+from esync.common.files import atomic_write_bytes, atomic_write_text
 
 FORMAT = "esync-checkpoint-v1"
 DONE_MARKER = "DONE"

@@ -10,7 +10,7 @@ gradients); rank 0's statistics go into the checkpoints.
 """
 import mxnet as mx
 
-from esync.algorithms.base import Algorithm, datas, grads
+from esync.worker.algorithms.base import Algorithm, datas, grads
 
 DCASGD_LAMBDA = 0.04     # MXNet's default variance-control factor, as the original uses it
 

@@ -1,7 +1,7 @@
 """The training loop, written once for every mode: stepping, timing, logging, checkpoints, stopping.
 
 A round is: local iterations while the algorithm says so (one for sync/async/local, k_i for
-ESync), then the algorithm's aggregation. Everything mode-specific lives in ``esync.algorithms``.
+ESync), then the algorithm's aggregation. Everything mode-specific lives in ``esync.worker.algorithms``.
 """
 import json
 import math
@@ -13,17 +13,18 @@ from pathlib import Path
 import mxnet as mx
 from mxnet import autograd, gluon
 
-from esync import data, models
-from esync.algorithms import AlgorithmConfig, Worker, algorithm_class
-from esync.checkpoint import CheckpointError, CheckpointStore
-from esync.errors import UsageError, guarded
-from esync.evaluator import EvaluationLog, accuracy
-from esync.kvstore import KeyMap, KVChannel, control_length, leave_job_at_once
-from esync.fsutil import atomic_write_text
-from esync.measure import RoundLogWriter, RoundRecord
-from esync.modes import mode_dir
-from esync.score_report import ScoreReport
-from esync.tboard import TrainingScalars, forget_earlier_events
+from esync.worker import data, models
+from esync.worker.algorithms import AlgorithmConfig, Worker, algorithm_class
+from esync.worker.checkpoint import CheckpointError, CheckpointStore
+from esync.common import runlayout
+from esync.common.errors import UsageError, guarded
+from esync.common.runlayout import EvaluationLog
+from esync.worker.evaluator import accuracy
+from esync.worker.kvstore import KeyMap, KVChannel, control_length, leave_job_at_once
+from esync.common.files import atomic_write_text
+from esync.worker.measure import RoundLogWriter, RoundRecord
+from esync.worker.score_report import ScoreReport
+from esync.worker.tboard import TrainingScalars, forget_earlier_events
 
 COMPUTE_PHASES = ("get_batch", "forward and backward", "local update", "emulated slowdown")
 
@@ -116,7 +117,7 @@ def _start_global_model(worker: Worker, algo, store: CheckpointStore | None, arg
         if found is None:
             raise CheckpointError(f"--resume: no checkpoint in {store.folder}")
         path, meta, arrays = found
-        from esync.evaluator import load_into
+        from esync.worker.evaluator import load_into
         load_into(net, arrays)
         _restore_state(state, store.read_state(path), path)
         store.clear_done()
@@ -153,7 +154,7 @@ def train(args) -> int:
     algo_cls = algorithm_class(args.mode, args.use_dcasgd)
     if args.resume and algo_cls.kvstore_type is None:
         raise UsageError("--resume continues from a cluster's checkpoints; -m local writes none")
-    folder = mode_dir(args)
+    folder = runlayout.mode_dir(args)
     channel, rank, num_workers = _connect(algo_cls, args)
     stream = _shard(args, rank, num_workers)          # bad data fails before any folder is made
     net = models.build(args.network, ctx, seed=args.seed)
@@ -162,9 +163,9 @@ def train(args) -> int:
                     trainable=trainable, aux=aux, channel=channel, rank=rank,
                     num_workers=num_workers)
     device = _device_name(args, rank)
-    writer = RoundLogWriter(folder / args.host_name / device, overwrite=args.overwrite,
+    writer = RoundLogWriter(runlayout.device_dir(folder, args.host_name, device), overwrite=args.overwrite,
                             resume=args.resume)
-    store = CheckpointStore(folder / "checkpoints") if channel is not None else None
+    store = CheckpointStore(runlayout.checkpoints_dir(folder)) if channel is not None else None
     if rank == 0:
         if args.overwrite and not args.resume:
             _forget_earlier_run(folder)
@@ -186,8 +187,8 @@ def train(args) -> int:
 def _forget_earlier_run(folder: Path) -> None:
     """--overwrite: the earlier run's scores and checkpoints must not leak into this one."""
     import shutil
-    (folder / "evaluations.jsonl").unlink(missing_ok=True)
-    shutil.rmtree(folder / "checkpoints", ignore_errors=True)
+    runlayout.evaluations_file(folder).unlink(missing_ok=True)
+    shutil.rmtree(runlayout.checkpoints_dir(folder), ignore_errors=True)
 
 
 class TrainingLoop:
@@ -196,7 +197,7 @@ class TrainingLoop:
         self.args = args
         self.loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
         self.criteria = StopCriteria(self.args)
-        self.evaluations = EvaluationLog(folder / "evaluations.jsonl")
+        self.evaluations = EvaluationLog(runlayout.evaluations_file(folder))
         self.prefix = f"[rank {worker.rank} {device}]"
         self.standalone = worker.channel is None
         if self.standalone:

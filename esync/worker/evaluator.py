@@ -12,19 +12,20 @@ round order; when it falls behind, it scores the newest checkpoint first (rank 0
 ``--target-accuracy`` needs a current accuracy) and the ones it passed over later, after training
 has ended if need be. It stops when the job's rank 0 has marked the folder done and every
 checkpoint is scored. Lines may therefore be out of round order; readers sort them. Each score
-also goes to TensorBoard and the state server's dashboard (``esync.score_report``).
+also goes to TensorBoard and the state server's dashboard (``esync.worker.score_report``).
 """
 import json
-import os
 import time
 from pathlib import Path
 
 import mxnet as mx
 import numpy as np
 
-from esync import data, models
-from esync.checkpoint import CheckpointError, CheckpointStore
-from esync.score_report import ScoreReport
+from esync.worker import data, models
+from esync.common import runlayout
+from esync.common.runlayout import EvaluationLog
+from esync.worker.checkpoint import CheckpointError, CheckpointStore
+from esync.worker.score_report import ScoreReport
 
 
 def accuracy(net, images: np.ndarray, labels: np.ndarray, ctx: mx.Context, input_size: int,
@@ -38,47 +39,6 @@ def accuracy(net, images: np.ndarray, labels: np.ndarray, ctx: mx.Context, input
 def load_into(net, arrays: dict) -> None:
     for name, param in models.named_parameters(net).items():
         param.set_data(mx.nd.array(arrays[name], ctx=param.list_ctx()[0]))
-
-
-class EvaluationLog:
-    """Append-only ``evaluations.jsonl``; readers take the latest accuracy from it."""
-
-    def __init__(self, path: Path):
-        self.path = Path(path)
-        self._offset = 0
-        self._latest_round = -1
-        self.latest_accuracy: float | None = None
-
-    def append(self, entry: dict) -> None:
-        with open(self.path, "a") as f:
-            f.write(json.dumps(entry) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-
-    def poll(self) -> float | None:
-        """Read lines appended since the last call; return the accuracy of the newest round.
-
-        The evaluator may append an older round after a newer one (catching up); that older
-        score does not replace the newer one.
-        """
-        try:
-            with open(self.path) as f:
-                f.seek(self._offset)
-                chunk = f.read()
-        except FileNotFoundError:
-            return self.latest_accuracy
-        complete = chunk[:chunk.rfind("\n") + 1]
-        self._offset += len(complete)
-        for line in complete.splitlines():
-            try:
-                entry = json.loads(line)
-                accuracy, round_no = float(entry["accuracy"]), entry.get("round")
-            except (ValueError, KeyError, TypeError, AttributeError):
-                continue
-            round_no = round_no if isinstance(round_no, int) else self._latest_round
-            if round_no >= self._latest_round:
-                self._latest_round, self.latest_accuracy = round_no, accuracy
-        return self.latest_accuracy
 
 
 def run(args, mode_dir: Path, *, poll_seconds: float = 0.2, idle_timeout: float = 0.0) -> int:
@@ -96,9 +56,9 @@ def _score_checkpoints(args, mode_dir: Path, report: ScoreReport, poll_seconds: 
     net = models.build(args.network, ctx, seed=args.seed)
     size = models.input_size(args.network)
     shapes = {k: p.shape for k, p in models.named_parameters(net).items()}
-    store = CheckpointStore(mode_dir / "checkpoints")
-    log = EvaluationLog(mode_dir / "evaluations.jsonl")
-    scored = {json.loads(line)["round"] for line in _lines(log.path)}
+    store = CheckpointStore(runlayout.checkpoints_dir(mode_dir))
+    log = EvaluationLog(runlayout.evaluations_file(mode_dir))
+    scored = {json.loads(line)["round"] for line in log.lines()}
     idle_since = time.monotonic()
     print(f"[evaluator] watching {store.folder}", flush=True)
     while True:
@@ -139,10 +99,3 @@ def next_checkpoint(pending: list[Path], *, training_ended: bool) -> Path:
     In order while keeping up or once training has ended; the newest first while behind.
     """
     return pending[-1] if len(pending) > BEHIND and not training_ended else pending[0]
-
-
-def _lines(path: Path) -> list[str]:
-    try:
-        return [ln for ln in Path(path).read_text().splitlines() if ln.strip()]
-    except FileNotFoundError:
-        return []

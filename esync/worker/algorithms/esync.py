@@ -3,11 +3,11 @@ Heterogeneous Clusters"): every device computes for the whole round.
 
 Each round a worker runs ``k_i`` local SGD steps (``-ll``), then all workers aggregate their model
 deltas through the parameter server with the rule of ``--aggregation`` and the optional outer
-momentum (``esync.algorithms.aggregate`` holds the maths); batch-norm statistics are averaged.
+momentum (``esync.worker.algorithms.aggregate`` holds the maths); batch-norm statistics are averaged.
 ``k_i`` comes from the state server:
 
 - ``--policy dynamic`` (the original's decision): ``/apply/`` ("one more?") as
-  ``esync.state_client.ReadinessAsker`` asks it: a "not ready" answer carries a lease
+  ``esync.coordination.client.ReadinessAsker`` asks it: a "not ready" answer carries a lease
   (``budget``: how long, by the server's own rule, "not ready" stays true), a fast worker skips
   the round's first question, and a worker's first call of a round enters it (no ``/reset/``).
   A fast worker asks twice per round, not before each of its iterations.
@@ -27,9 +27,9 @@ import threading
 
 from mxnet import nd
 
-from esync.algorithms import aggregate
-from esync.algorithms.base import Algorithm, datas
-from esync.state_client import ReadinessAsker, StateClient
+import esync.worker.algorithms.aggregate as aggregate
+from esync.worker.algorithms.base import Algorithm, datas
+from esync.coordination.client import ReadinessAsker, StateClient
 
 MOMENTUM_STATE = "outer_momentum.{}"     # checkpoint names of the outer optimizer's buffers
 MAX_REPORTS_PER_CALL = 64                # the state server's limit for one batch of round reports

@@ -5,15 +5,15 @@ asynchronously, so without the wait a phase would only measure how long it took 
 """
 import json
 import math
-import os
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
 from mxnet import nd
 
-from esync.errors import UserError
-from esync.fsutil import atomic_write_text
+from esync.common import runlayout
+from esync.common.errors import UserError
+from esync.common.files import atomic_write_text
 
 
 class LogDirError(UserError):
@@ -69,7 +69,7 @@ class RoundRecord:
 
 
 class RoundLogWriter:
-    """Writes ``iter-<n>.txt`` files into ``<log_dir>/<network>/<mode_dir>/<host>/<device>/``.
+    """Writes round logs (``runlayout.round_log``) into ``<log_dir>/<network>/<mode_dir>/<host>/<device>/``.
 
     Refuses to start in a folder that already holds logs unless ``overwrite`` (delete them first)
     or ``resume`` (keep them and continue the numbering) is given: an earlier run's logs are never
@@ -80,7 +80,7 @@ class RoundLogWriter:
         self.folder = Path(folder)
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            existing = sorted(self.folder.glob("iter-*.txt"))
+            existing = sorted(runlayout.round_logs(self.folder).values())
             if existing and not (overwrite or resume):
                 raise LogDirError(
                     f"{self.folder} already holds {len(existing)} log files of an earlier run; "
@@ -101,5 +101,5 @@ class RoundLogWriter:
         if accuracy is not None:
             log["accuracy"] = accuracy
         log.update(record.extras)
-        path = self.folder / f"iter-{record.number}.txt"
+        path = runlayout.round_log(self.folder, record.number)
         return atomic_write_text(path, json.dumps(finite_or_null(log), allow_nan=False))

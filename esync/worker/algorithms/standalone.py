@@ -1,5 +1,5 @@
 """Standalone SGD on one device: the accuracy reference ("standalone" line of the figures)."""
-from esync.algorithms.base import Algorithm
+from esync.worker.algorithms.base import Algorithm
 
 
 class Standalone(Algorithm):

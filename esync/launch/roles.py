@@ -122,7 +122,7 @@ def plan_roles(config: ClusterConfig, hosts: Hosts) -> list[RoleSpec]:
     if config.state_port is not None:
         specs.append(RoleSpec(
             "state-server", "state",
-            [config.python, "-m", "esync.state_service", "--host", ps.address,
+            [config.python, "-m", "esync.coordination.service", "--host", ps.address,
              "--port", str(config.state_port)],
             {"PYTHONUNBUFFERED": "1", "ESYNC_STATE_TOKEN": config.state_token,
              "ESYNC_STATE_DB": config.state_db}, ps.name))

@@ -1,0 +1,148 @@
+"""The ESync state server's decisions: how long each worker keeps computing locally in a round.
+
+Plain Python with an injected clock, so every branch is testable without HTTP; the Django views
+of ``state_server/`` only parse, validate, call this module and serialise (see
+``docs/ALGORITHM.md``).
+
+Two policies, chosen per job at ``init``:
+
+``dynamic`` (the original ESync, one request before every local iteration)
+    ``JobState.apply(rank, k, c)`` follows the pseudo-code: record ``k_i``, ``c_i`` and
+    ``seen_i`` (the *server's* receive time; worker timestamps are never used, so clocks need not
+    agree), then answer "not ready" when ``k_i == 0`` or when the slowest worker ``s`` (largest
+    ``c``) has not started the current round, and "ready" when ``i == s``, when ``s`` is already
+    ready, or when ``c_i + slack_i > remaining`` with ``remaining = c_s - (now - seen_s)``.
+    "Has not started" also covers a slowest worker that entered the round but has not reported in
+    it yet: its ``seen`` then dates from the previous round and ``remaining`` would be meaningless
+    (unless it is already ready: after a restart it will not report again in this round).
+
+    The lease (``JobState.decide``): a "not ready" answer also says for how long the rule will
+    keep saying it, ``budget = remaining - slack_i`` (before the slowest has started, its whole
+    last ``c_s`` minus the slack: it starts after now). Any iteration the worker starts within
+    ``budget - c_i`` of the answer would be told "not ready", so the trainer does not ask for
+    it; it asks when the lease runs out, and the server, not the worker, says "ready". A fast
+    worker asks twice per round (after its first iteration, which also enters the round, and
+    once at the end) instead of before each iteration (``esync.state_client.ReadinessAsker``).
+    The worker counts the lease from the answer's arrival (the budget was computed after the
+    call's wait in the server's queue, which under load is most of a call), so a lease is too
+    long for the rule as it stood by at most the answer's transit back (a worker that may be the
+    slowest waits for its k = 0 answer before computing, so it starts after the server saw it);
+    if the slowest then finishes early, the worker runs on for at most the difference.
+
+``planned`` (new: one request per worker per round)
+    ``JobState.plan(rank, c)`` is called once at the start of a round and returns
+    ``k_i = max(1, floor((c_s - slack_i) / c_i))`` from the latest known ``c`` of every worker;
+    the slowest worker itself, and everyone while some worker's ``c`` is still unknown, get 1.
+
+The slack
+---------
+A number given at ``init`` is the original's absolute ``epsilon`` in seconds, unchanged (the
+original's default was 0.5 s, which turns ESync into SSGD as soon as an iteration takes less than
+0.5 s: ``c_i + 0.5 > remaining`` always holds).
+
+The default, ``"auto"``, is scale-free::
+
+    slack_i = (o_i - o_s) - c_i / N
+
+``o_i`` is worker i's *per-iteration overhead*, measured on the server's own clock: between two
+consecutive reports of one round (``k`` going up by one) the worker spent ``now - seen_i``, of
+which ``c`` was the iteration it reports, so ``o = max(0, now - seen_i - c)`` (request round trip,
+batch loading, anything outside ``c``); it is smoothed with an exponential moving average.
+Why these two terms:
+
+* Overheads.  Worker i, told "not ready" now, reports again at ``now + c_i + o_i``; the slowest
+  reports its finished iteration at ``seen_s + c_s + o_s``.  Aggregation starts when both have
+  reported, so one more iteration fits iff ``c_i + o_i - o_s <= remaining``.  On a uniform network
+  the overheads cancel; a worker on a slower link (or with slower batch loading) stops earlier.
+* ``- c_i / N``.  Timings are noisy, so the last iteration that "fits" may overshoot a little.
+  Stopping early idles one worker for (up to) ``c_i``; overshooting by ``x`` idles the other
+  ``N - 1`` workers for ``x``.  One more iteration pays off iff ``(N - 1) x < c_i - x``, i.e.
+  ``x < c_i / N``: so a predicted overshoot below ``c_i / N`` is accepted.  With the planned
+  policy this makes ``k_i = floor(c_s / c_i + 1 / N)``: a worker measured 1.97 times faster than
+  the slowest does 2 iterations, not 1 (plain flooring would waste half its time on noise).
+
+Both terms scale with the iteration time and the measured latency, so the rule behaves the same
+for 5 ms and 5 s iterations.  Overheads are only measurable from per-iteration reports, so under
+the planned policy they are 0 unless the worker also reported per iteration.
+
+One report per round (``JobState.report_round``, the planned policy without HTTP on the
+critical path)
+    After round t's parameter exchange, rank 0 reports every worker's ``k`` and ``c`` of round t in
+    one call and gets back the plan of every worker for the next round it can influence.  The plan
+    is ``plan_round``, the same pure function ``plan`` uses, so both give the same ``k_i`` for the
+    same durations.
+
+The limits of accepted values and the errors live in ``esync.coordination.limits``; the job's
+bookkeeping (rounds, history, persistence) in ``esync.coordination.job``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from esync.coordination.limits import AUTO, MAX_PLANNED_K
+
+
+# -- the planned policy as pure functions (shared by ``plan`` and ``report_round``) ----------------
+
+def slowest_rank(durations) -> int:
+    """Rank with the largest duration (lowest rank on ties)."""
+    best = 0
+    for rank, c in enumerate(durations):
+        if c > durations[best]:
+            best = rank
+    return best
+
+
+def slack_of(epsilon: float | str, *, c_i: float, num_workers: int, overhead_i: float = 0.0,
+             overhead_s: float = 0.0) -> float:
+    """Worker i's slack: absolute ``epsilon``, or the module docstring's automatic slack."""
+    if epsilon != AUTO:
+        return epsilon
+    return (overhead_i - overhead_s) - c_i / num_workers
+
+
+def planned_k(c_i: float, c_s: float, slack_i: float) -> int:
+    """Iterations of duration ``c_i`` that fit in the slowest's ``c_s`` given ``slack_i``."""
+    k = math.floor((c_s - slack_i) / c_i + 1e-9)
+    return max(1, min(MAX_PLANNED_K, k))
+
+
+def plan_for(rank: int, durations, *, epsilon: float | str, overheads=None) -> int:
+    """The planned policy's k for ``rank`` given every worker's latest duration (0: unknown)."""
+    if any(c <= 0 for c in durations):
+        return 1                                          # someone has never reported a duration
+    s = slowest_rank(durations)
+    return _plan_rank(rank, s, durations, epsilon=epsilon, overheads=overheads)
+
+
+def plan_round(durations, *, epsilon: float | str, overheads=None) -> list[int]:
+    """``plan_for`` of every rank at once (O(N))."""
+    if any(c <= 0 for c in durations):
+        return [1] * len(durations)
+    s = slowest_rank(durations)
+    return [_plan_rank(rank, s, durations, epsilon=epsilon, overheads=overheads)
+            for rank in range(len(durations))]
+
+
+def _plan_rank(rank: int, s: int, durations, *, epsilon, overheads) -> int:
+    if rank == s:
+        return 1
+    overhead_i = (overheads[rank] or 0.0) if overheads else 0.0
+    overhead_s = (overheads[s] or 0.0) if overheads else 0.0
+    slack = slack_of(epsilon, c_i=durations[rank], num_workers=len(durations),
+                     overhead_i=overhead_i, overhead_s=overhead_s)
+    return planned_k(durations[rank], durations[s], slack)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The dynamic policy's answer. ``budget`` (s) qualifies a "not ready": by the server's
+    clock, this worker would keep being told "not ready" for every iteration it starts within
+    ``budget - c`` seconds of this answer (as long as no report changes who is the slowest), so
+    it need not ask again before then. 0: ask before the next iteration."""
+    ready: bool
+    budget: float = 0.0
+
+
+READY, NOT_READY = Decision(True), Decision(False)

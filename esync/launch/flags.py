@@ -1,0 +1,201 @@
+"""esync-cluster's command line: every flag of main.py plus the cluster's, checked at once.
+
+``parse`` returns the resolved namespace, final before anything starts: paths made absolute, the
+backend's placement turned into ``--workers``/``--devices``, one slow-down factor per worker.
+Nothing downstream changes it; each job derives what it needs from it.
+"""
+import argparse
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from esync import cli
+from esync.common import runlayout
+from esync.common.argtypes import UsageParser, bounded_number, non_negative_int, port, positive_int
+from esync.common.errors import UsageError
+import esync.launch.remote as remote
+from esync.launch.backends.netns import add_network_args, layout_from_args
+
+# The main job's defaults differ from main.py's (which keep the original's): a small network that
+# trains in minutes on a CPU, learning rates that suit it, and a time budget. Learning rates have
+# the original's meaning (x the gradient summed over the batch): 0.05 / 64 is a step of 0.05 on
+# the mean gradient of a 64-sample batch.
+CLUSTER_LR = 0.05 / 64
+# ESync's aggregation: the benchmark's best rule (docs/benchmark/report.md), deltas weighted by
+# k_i with DiLoCo's outer Nesterov momentum 0.9 and outer learning rate 0.7. main.py keeps the
+# original's plain mean; `--aggregation mean --outer-momentum 0 --no-nesterov -gl 1` here too.
+CLUSTER_DEFAULTS = dict(network="lenet", cpu=1, learning_rate=CLUSTER_LR, local_lr=CLUSTER_LR,
+                        eval_duration=10, max_seconds=90.0, mode="esync",
+                        aggregation="weighted", outer_momentum=0.9, nesterov=True, global_lr=0.7)
+STATE_SERVER_RESTARTS = 3        # a state server that keeps dying is a failure, not a blip
+DEFAULT_SLOWDOWN = "1,1,4,8"      # the emulated cluster: two fast, one 4x, one 8x slower
+LOCAL_ADDRESS = "127.0.0.1"       # the local backend's one host
+LAUNCHER_ONLY = {"workers", "slowdown_list", "devices", "servers", "threads", "port", "state_port",
+                 "no_evaluator", "no_summary", "quiet", "stall_timeout", "startup_timeout",
+                 "restarts", "net", "hosts", "bandwidth", "server_bandwidth"}
+# Set per role by the plan (the state server's address, each worker's host) or passed in the
+# environment (the token: never on a command line, where `ps` shows it).
+PLANNED = {"state_server_ip", "state_server_port", "host_name", "state_token"}
+
+
+def device_list(text: str, workers: int) -> list[str]:
+    items = [t.strip() for t in text.split(",")] if text else ["cpu"]
+    if len(items) == 1:
+        items *= workers
+    if len(items) != workers:
+        raise UsageError(f"argument --devices: {len(items)} devices for {workers} workers")
+    for item in items:
+        if item != "cpu" and not (item.startswith("gpu") and item[3:].isdigit()):
+            raise UsageError(f"argument --devices: {item!r} is not 'cpu' or 'gpuN'")
+    return items
+
+
+def slowdown_list(text: str, workers: int) -> list[float]:
+    try:
+        values = [float(t) for t in text.split(",")]
+    except ValueError:
+        raise UsageError(f"argument --slowdown: {text!r} is not a comma-separated list of "
+                             "numbers") from None
+    if len(values) == 1:
+        values *= workers
+    if len(values) != workers:
+        raise UsageError(f"argument --slowdown: {len(values)} factors for {workers} workers "
+                             "(give one per worker, or one for all)")
+    if any(v < 1 for v in values):
+        raise UsageError("argument --slowdown: factors must be >= 1")
+    return values
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = UsageParser(prog="esync-cluster", description=__doc__.split("\n\n")[0],
+                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    cli.add_training_args(parser)
+    cli.add_run_args(parser, one_worker=False)
+    parser.set_defaults(**CLUSTER_DEFAULTS)
+    g = parser.add_argument_group("cluster")
+    g.add_argument("--workers", type=positive_int, default=4, help="number of workers")
+    g.add_argument("--slowdown", dest="slowdown_list", default=None,
+                   help="slow-down factor per worker, comma-separated, or one for all "
+                        "(default: 1,1,4,8 with 4 workers, else 1)")
+    g.add_argument("--devices", default="cpu",
+                   help="device per worker: cpu or gpuN, comma-separated (or one for all)")
+    g.add_argument("--servers", type=positive_int, default=1, help="parameter servers")
+    g.add_argument("--threads", type=positive_int, default=1,
+                   help="OMP_NUM_THREADS of each worker (1 keeps emulated speeds repeatable)")
+    g.add_argument("--port", type=port, default=None,
+                   help="scheduler port (default: a free one)")
+    g.add_argument("--state-port", type=port, default=None,
+                   help="state server port (default: a free one)")
+    g.add_argument("--no-evaluator", action="store_true", help="do not score checkpoints")
+    g.add_argument("--no-summary", action="store_true", help="do not write the summary JSON")
+    g.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_network_args(parser.add_argument_group("network"))
+    LAUNCHER_ONLY.update(remote.add_arguments(parser))
+    r = parser.add_argument_group("failures")
+    r.add_argument("--stall-timeout", type=bounded_number(float, low=0, strict=True,
+                                                              must="a positive number of seconds"),
+                   default=None,
+                   help="stop (or restart) the job when no worker finishes a round for this "
+                        "long (default: the larger of 60 s and 20 x the median round time)")
+    r.add_argument("--startup-timeout", type=bounded_number(
+                       float, low=0, strict=True, must="a positive number of seconds"),
+                   default=180.0,
+                   help="the first round may take this long (imports, data, rendezvous)")
+    r.add_argument("--restarts", type=non_negative_int, default=0,
+                   help="when a process dies or the job stalls, restart the whole cluster from "
+                        "the last checkpoint (--resume), up to this many times")
+    return parser
+
+
+def worker_argv(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                **override) -> list[str]:
+    """Re-create main.py flags from the resolved namespace (launcher-only options left out);
+    ``override`` replaces values without touching ``args`` (``resume=True`` on a restart)."""
+    argv = []
+    for action in parser._actions:
+        if not action.option_strings or action.dest in LAUNCHER_ONLY | PLANNED | {"help"}:
+            continue
+        value = override.get(action.dest, getattr(args, action.dest))
+        flag = action.option_strings[-1]
+        if isinstance(action, argparse._StoreTrueAction):
+            argv += [flag] if value else []
+        elif isinstance(action, argparse.BooleanOptionalAction):
+            argv += [action.option_strings[0] if value else action.option_strings[1]]
+        elif value is not None:
+            argv += [flag, str(value)]
+    return argv
+
+
+def parse(parser, argv) -> argparse.Namespace:
+    """Parse and check every flag; a bad one raises UsageError before anything is started."""
+    args = parser.parse_args(argv)
+    # Every process gets absolute paths: workers run from the repository, the state server
+    # from state_server/, the user from anywhere.
+    args.log_dir = str(Path(args.log_dir).resolve())
+    args.data_dir = str(Path(args.data_dir).resolve())
+    args.tensorboard = str(Path(args.tensorboard or runlayout.mode_dir(args)).resolve())
+    placed = remote.placed_devices(args, sys.argv[1:] if argv is None else list(map(str, argv)))
+    if placed is not None:               # ssh and Slurm place the workers themselves
+        args.workers, args.devices = len(placed), ",".join(placed)
+        if args.slowdown_list is None:
+            args.slowdown_list = "1"
+    if args.backend != "local" and args.net != "loopback":
+        raise UsageError(f"--net {args.net} emulates hosts on this machine: it needs "
+                             f"--backend local, not --backend {args.backend}")
+    if args.slowdown_list is None:
+        args.slowdown_list = DEFAULT_SLOWDOWN if args.workers == 4 else "1"
+    args.slowdowns = slowdown_list(args.slowdown_list, args.workers)
+    if args.use_dcasgd and args.mode != "async":
+        raise UsageError("argument -dcasgd/--use-dcasgd: needs -m async")
+    if args.mode == "local":
+        raise UsageError("-m local is one device: run `python main.py -m local ...`")
+    if args.resume and args.overwrite:
+        raise UsageError("--resume and --overwrite exclude each other")
+    cli.check_esync_options(args)
+    layout_from_args(args, args.workers)
+    if args.backend != "kubernetes":          # the pods check their own data and logs
+        check_before_start(args)
+    return args
+
+
+def check_before_start(args) -> None:
+    from esync.worker.data import FASHION_FILES, FASHION_SUBDIR
+    folder = Path(args.data_dir) / FASHION_SUBDIR
+    missing = [f for pair in FASHION_FILES.values() for f in pair if not (folder / f).exists()]
+    if missing:
+        raise UsageError(f"data folder {folder} lacks {', '.join(missing)}: run "
+                             f"`python scripts/prepare_data.py --data-dir {args.data_dir}`")
+    env_workers = os.environ.get("DMLC_NUM_WORKER")
+    if env_workers and env_workers != str(args.workers):
+        raise UsageError(f"DMLC_NUM_WORKER={env_workers} in the environment does not match "
+                             f"--workers {args.workers}; unset it or make them agree")
+    if args.backend == "local" and any(d != "cpu" for d in device_list(args.devices,
+                                                                          args.workers)):
+        import mxnet as mx
+        gpus = mx.context.num_gpus()
+        for d in device_list(args.devices, args.workers):
+            if d != "cpu" and int(d[3:]) >= gpus:
+                raise UsageError(f"argument --devices: {d} asked for, but this machine has "
+                                     f"{gpus} GPU(s); use cpu")
+    folder = runlayout.mode_dir(args)
+    if runlayout.any_round_logs(folder) and not (args.overwrite or args.resume):
+        raise UsageError(f"{folder} already holds logs of an earlier run; choose another "
+                             "--log-dir, or pass --overwrite (replace) or --resume (continue)")
+    if args.resume:
+        from esync.worker.checkpoint import CheckpointError, CheckpointStore
+        try:
+            found = CheckpointStore(runlayout.checkpoints_dir(folder)).latest(network=args.network)
+        except CheckpointError as exc:
+            raise UsageError(f"--resume: {exc}") from None
+        if found is None:
+            raise UsageError(f"--resume: no checkpoint in {runlayout.checkpoints_dir(folder)}")
+        # The evaluator starts before rank 0: it must not see the last run's end marker.
+        CheckpointStore(runlayout.checkpoints_dir(folder)).clear_done()
+    if args.overwrite:
+        for sub in (runlayout.checkpoints_dir(folder), runlayout.processes_dir(folder)):
+            shutil.rmtree(sub, ignore_errors=True)
+        for path in (runlayout.evaluations_file(folder), runlayout.state_db(folder)):
+            path.unlink(missing_ok=True)
+
+
