@@ -47,7 +47,7 @@ def test_new_files_get_the_umask_permissions_not_mkstemps_0600(tmp_path):
 
 def test_no_module_writes_with_its_own_os_replace():
     """New write sites must use esync.common.files; only moves of finished files may rename directly."""
-    allowed = {"esync/fsutil.py", "esync/prepare.py"}   # prepare moves verified downloads in
+    allowed = {"esync/common/files.py", "esync/worker/prepare.py"}   # prepare moves downloads in
     offenders = [str(p.relative_to(REPO)) for p in REPO.rglob("*.py")
                  if ".venv" not in p.parts and "tests" not in p.parts
                  and re.search(r"\bos\.(replace|rename)\(", p.read_text(encoding="utf-8"))

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from esync.common import modes
+from esync.common import modes, runlayout
 from esync.worker.algorithms import algorithm_class, mode_dir_name
 from esync.worker.algorithms.base import Algorithm
 
@@ -29,7 +29,7 @@ def test_folder_names_follow_mode_and_split(args, folder):
 def test_mode_dir_of_a_namespace():
     args = Namespace(log_dir="logs", network="lenet", mode="async", use_dcasgd=1,
                      split_by_class=1)
-    assert modes.mode_dir(args) == Path("logs/lenet/dcasgd-niid")
+    assert runlayout.mode_dir(args) == Path("logs/lenet/dcasgd-niid")
 
 
 @pytest.mark.parametrize("folder, label", [

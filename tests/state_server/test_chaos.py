@@ -28,8 +28,8 @@ KILLS = 10
 ROUNDS = 60
 # The launcher restarts a dead state server at most STATE_SERVER_RESTARTS times per job (3 by
 # default); this test needs more, so it raises the budget for its own launcher.
-LAUNCHER = ("import sys, esync.launch as launch; launch.STATE_SERVER_RESTARTS = 50; "
-            "sys.exit(launch.main())")
+LAUNCHER = ("import sys, esync.launch.program as program; program.STATE_SERVER_RESTARTS = 50; "
+            "sys.exit(program.main())")
 
 
 def processes_of(folder: Path) -> list[int]:
