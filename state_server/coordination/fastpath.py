@@ -10,7 +10,9 @@ server already holds in memory. It parses with the same functions and calls the 
 (``views.apply_answer``) as Django would. Anything else (a form body, a token in a field, a
 missing or wrong token, a bad field, a job to rebuild from the database, a failed commit) goes
 to Django unchanged, with the body put back, so every error answer is the one documented API's;
-``apply`` is idempotent, so a call handed over after it was applied counts once.
+``apply`` is idempotent, so a call handed over after it was applied counts once. The token is
+checked before the body is read: a wrong one is handed over unread, and Django refuses it on its
+header alone.
 """
 from __future__ import annotations
 
@@ -52,7 +54,13 @@ def _answer(environ, job: str) -> dict | None:
     if environ.get("CONTENT_TYPE", "").split(";")[0].strip() != "application/json":
         return None
     token = bearer_token(environ)
-    if token is None or services.registry.get(job) is None:
+    if token is None:
+        return None
+    try:
+        check_token(token)                            # before the body is read
+    except FieldError:
+        return None
+    if services.registry.get(job) is None:
         return None
     try:
         length = int(environ.get("CONTENT_LENGTH") or 0)
@@ -63,7 +71,6 @@ def _answer(environ, job: str) -> dict | None:
     body = environ["wsgi.input"].read(length)
     environ["wsgi.input"] = io.BytesIO(body)          # Django reads it again if we hand over
     try:
-        check_token(token)
         fields = json_fields(body)
         if "token" in fields:
             return None

@@ -1,12 +1,17 @@
 """HTTP plumbing of the API: body parsing (form or JSON), typed fields, the token, JSON errors.
 
-Views are wrapped by ``api``: it checks the method, the job name, the declared body size and a
-token sent as a header (all cheap) before reading the body; then it parses the body (JSON bodies
-with at most ``MAX_JSON_CONTAINERS`` arrays or objects, so nesting never reaches the parser's
-recursion limit), checks a token sent as a field, hands the view its fields, turns a returned
-dict into JSON and every rejected input into ``{"error": "...", "field": "..."}`` with a 4xx
-status, before any state is touched. Whatever Django raises while reading the request (too many
-fields, a multipart body without boundary, an unknown or non-UTF-8 charset) is a 400 too.
+Views are wrapped by ``api``: it checks the method, the job name and, for a call that changes
+state, the token before anything of the body is parsed, so an unauthenticated request gets its
+401/403 whatever its body holds. A token sent as a header is checked before the body is even
+read. Without one, the declared size is checked, the body read (at most the limit) and only its
+token looked for (``body_token``): a JSON body is scanned once at its top level without building
+any value but the token's, a form body's pairs are split without decoding any value but the
+token's; only a multipart body must go through Django's parser for it. Then ``api`` parses the
+body into fields (JSON bodies with at most ``MAX_JSON_CONTAINERS`` arrays or objects, so nesting
+never reaches the parser's recursion limit), hands the view its fields, turns a returned dict into
+JSON and every rejected input into ``{"error": "...", "field": "..."}`` with a 4xx status, before
+any state is touched. Whatever Django raises while reading the request (too many fields, a
+multipart body without boundary, an unknown or non-UTF-8 charset) is a 400 too.
 """
 from __future__ import annotations
 
@@ -14,6 +19,9 @@ import functools
 import hmac
 import json
 import re
+from io import BytesIO
+from json.decoder import scanstring
+from urllib.parse import unquote
 
 from django.conf import settings
 from django.core.exceptions import BadRequest, RequestDataTooBig, SuspiciousOperation
@@ -75,6 +83,20 @@ def read_fields(request, limit: int | None = None,
         except REQUEST_PARSE_ERRORS as exc:
             raise FieldError(ERR_QUERY_UNREADABLE.format(detail=_detail(exc))) from None
     limit = settings.ESYNC_STATE_MAX_BODY if limit is None else limit
+    body = read_body(request, limit)
+    try:
+        if is_json(request, body):
+            return json_fields(body, max_containers)
+        return {key: request.POST.get(key) for key in request.POST}
+    except RequestDataTooBig:
+        raise FieldError(ERR_BODY_TOO_LARGE.format(limit=limit), None, 413) from None
+    except REQUEST_PARSE_ERRORS as exc:
+        raise FieldError(ERR_BODY_UNREADABLE.format(detail=_detail(exc))) from None
+
+
+def read_body(request, limit: int) -> bytes:
+    """The raw body: 413 when its declared size exceeds ``limit`` (nothing is read then) or when
+    what arrives does."""
     try:
         declared = int(request.META.get("CONTENT_LENGTH") or 0)
     except ValueError:
@@ -83,15 +105,18 @@ def read_fields(request, limit: int | None = None,
         raise FieldError(ERR_BODY_TOO_LARGE.format(limit=limit), None, 413)
     try:
         body = request.body
-        if len(body) > limit:
-            raise FieldError(ERR_BODY_TOO_LARGE.format(limit=limit), None, 413)
-        if request.content_type == "application/json" or body.lstrip()[:1] == b"{":
-            return json_fields(body, max_containers)
-        return {key: request.POST.get(key) for key in request.POST}
     except RequestDataTooBig:
         raise FieldError(ERR_BODY_TOO_LARGE.format(limit=limit), None, 413) from None
     except REQUEST_PARSE_ERRORS as exc:
         raise FieldError(ERR_BODY_UNREADABLE.format(detail=_detail(exc))) from None
+    if len(body) > limit:
+        raise FieldError(ERR_BODY_TOO_LARGE.format(limit=limit), None, 413)
+    return body
+
+
+def is_json(request, body: bytes) -> bool:
+    """Whether the body is read as JSON (declared so, or looking like an object)."""
+    return request.content_type == "application/json" or body.lstrip()[:1] == b"{"
 
 
 def _detail(exc: Exception) -> str:
@@ -208,6 +233,119 @@ def field_token(fields: dict) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+def body_token(request, limit: int) -> str | None:
+    """The ``token`` field of a request that sent no header token, found with the least work:
+    nothing else of the body is parsed or validated, so that a wrong or missing token is
+    answered as such whatever the other fields hold. None when there is none, or when the body
+    is too broken to find it (a call that cannot show its token is unauthenticated)."""
+    if request.method in ("GET", "HEAD"):
+        return form_token(request.META.get("QUERY_STRING", "").encode("iso-8859-1", "replace"))
+    body = read_body(request, limit)
+    if is_json(request, body):
+        return json_token(body)
+    if request.content_type == "application/x-www-form-urlencoded":
+        return form_token(body)
+    if request.content_type == "multipart/form-data":
+        # Parts need the multipart parser; a copy of the body, so that a failure here leaves
+        # the request to be parsed (and its error reported) as usual once the token is right.
+        try:
+            fields, _ = request.parse_file_upload(request.META, BytesIO(body))
+            return field_token(fields)
+        except REQUEST_PARSE_ERRORS:
+            return None
+    return None
+
+
+_JSON_SPACE = re.compile(r"[ \t\n\r]*")
+_JSON_SCALAR = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][-+]?\d+)?|true|false|null|NaN|"
+                          r"-?Infinity")
+_JSON_STRUCTURE = re.compile(r'["\[\]{}]')
+
+
+def json_token(body: bytes) -> str | None:
+    """The ``token`` member of a JSON object body, as ``json.loads`` would give it (the last of
+    repeated keys), read without building any other value: strings and containers of other
+    members are skipped by a flat scan (no recursion, so depth costs nothing). A syntax error
+    ends the scan with what was found before it (the full parse reports the error later)."""
+    encoding = json.detect_encoding(body)
+    try:
+        text = body.decode(encoding, "surrogatepass")      # as json.loads decodes
+    except UnicodeDecodeError:
+        # Bytes that are not text elsewhere fail the full parse later; they must not hide the
+        # token, and a token made of them can only be wrong (it cannot be encoded to compare).
+        text = body.decode(encoding, "surrogateescape")
+    token = None
+    try:
+        pos = _JSON_SPACE.match(text).end()
+        if text[pos] != "{":
+            return None
+        pos = _JSON_SPACE.match(text, pos + 1).end()
+        if text[pos] == "}":
+            return None
+        while True:
+            if text[pos] != '"':
+                return token
+            key, pos = scanstring(text, pos + 1)
+            pos = _JSON_SPACE.match(text, pos).end()
+            if text[pos] != ":":
+                return token
+            pos = _JSON_SPACE.match(text, pos + 1).end()
+            if text[pos] == '"':
+                value, pos = scanstring(text, pos + 1)
+                if key == "token":
+                    token = value
+            else:
+                if key == "token":
+                    token = None                     # not text: no token (as field_token)
+                pos = _skip_json_value(text, pos)
+            pos = _JSON_SPACE.match(text, pos).end()
+            if text[pos] == "}":
+                return token
+            if text[pos] != ",":
+                return token
+            pos = _JSON_SPACE.match(text, pos + 1).end()
+    except (ValueError, IndexError):
+        return token
+
+
+def _skip_json_value(text: str, pos: int) -> int:
+    """The end of the number, literal, array or object at ``pos`` (not checked inside)."""
+    if text[pos] not in "[{":
+        match = _JSON_SCALAR.match(text, pos)
+        if match is None:
+            raise ValueError("not a JSON value")
+        return match.end()
+    depth = 0
+    while True:
+        match = _JSON_STRUCTURE.search(text, pos)
+        if match is None:
+            raise ValueError("unclosed array or object")
+        pos = match.start()
+        char = text[pos]
+        if char == '"':
+            pos = scanstring(text, pos + 1)[1]
+            continue
+        depth += 1 if char in "[{" else -1
+        pos += 1
+        if depth == 0:
+            return pos
+
+
+def form_token(body: bytes) -> str | None:
+    """The ``token`` pair of a URL-encoded body, as Django's QueryDict would decode it (UTF-8,
+    else Latin-1; the last of repeated keys), decoding no other value."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        text = body.decode("iso-8859-1")
+    token = None
+    for pair in text.split("&"):
+        name, _, value = pair.partition("=")
+        if pair and unquote(name.replace("+", " "), errors="replace") == "token":
+            token = unquote(value.replace("+", " "), errors="replace")
+    return token or None
+
+
 def check_token(given: str | None) -> None:
     """401 without a token (unless anonymous calls are allowed), 403 with a wrong one."""
     if given is None:
@@ -241,12 +379,12 @@ def api(method: str, *, changes_state: bool, max_body: str = "ESYNC_STATE_MAX_BO
                 job = kwargs.get("job")
                 if job is not None and not JOB_NAME.fullmatch(job):
                     raise FieldError(ERR_JOB_NAME, "job")
-                from_header = header_token(request)
-                if changes_state and from_header is not None:
-                    check_token(from_header)              # before the body is even read
-                fields = read_fields(request, getattr(settings, max_body), max_containers)
-                if changes_state and from_header is None:
-                    check_token(field_token(fields))
+                limit = getattr(settings, max_body)
+                if changes_state:                         # before any field is parsed
+                    from_header = header_token(request)   # before the body is even read
+                    check_token(from_header if from_header is not None
+                                else body_token(request, limit))
+                fields = read_fields(request, limit, max_containers)
                 return JsonResponse(view(request, fields, **kwargs), safe=False)
             except FieldError as exc:
                 response = error_response(exc.message, exc.field, exc.status)

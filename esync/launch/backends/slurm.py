@@ -16,11 +16,17 @@ Roles run under ``esync.launch.runner``: each role's output goes to ``processes/
 the shared log folder, its exit code to ``processes/<role>.exit``, and the launcher stops a role
 by creating ``processes/<role>.stop``. ``scancel`` (or Ctrl-C in the launcher, which calls it)
 ends every task; the launcher notices a job that ended under it and names the roles it cut off.
+
+A job that waits for a reason that cannot clear as long as the job stays as submitted (it asks
+for more than the partition's nodes have, a limit of its QOS, an account it may not use...; see
+``NEVER_STARTS``) is cancelled at once and reported with what to change, instead of being
+announced as pending for ever.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -36,6 +42,103 @@ from esync.launch.runner import read_exit, run
 ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED"}
 PORT_BASE, PORT_SPAN = 20000, 40000
 STATE_POLL = 2.0          # seconds between squeue calls
+
+# Pending reasons (squeue %r, Slurm 22.05) that cannot clear for the job as submitted, each with
+# what to change. Transient ones (Resources, Priority, BeginTime, Dependency, None, the Grp*,
+# *PerUser and *PerAccount limits that other jobs' ending lifts...) are not here: the job waits.
+NEVER_STARTS = {
+    "PartitionConfig": "the job asks for more CPUs (tasks x --threads), GPUs, memory or nodes "
+                       "than the partition's nodes have: lower --node-devices, --threads, "
+                       "--gpus-per-node or --nodes, or raise the node's CPUs (Gres, RealMemory) "
+                       "in slurm.conf",
+    "PartitionNodeLimit": "--nodes is outside the partition's node limits (MinNodes/MaxNodes, "
+                          "or its nodes are down or drained): lower --nodes or choose another "
+                          "--partition",
+    "PartitionTimeLimit": "--time exceeds the partition's MaxTime: lower --time or choose "
+                          "another --partition",
+    "ReqNodeNotAvail": "the partition has fewer usable nodes than --nodes (the others are down, "
+                       "drained or failing): lower --nodes, choose another --partition, or ask "
+                       "the administrator to resume the nodes (scontrol update nodename=... "
+                       "state=resume)",
+    "BadConstraints": "no node can satisfy the job's constraints: drop or fix --slurm-option "
+                      "constraint=...",
+    "InvalidAccount": "the account is invalid or not yours: fix --slurm-option account=... "
+                      "(sacctmgr show assoc user=$USER lists yours)",
+    "AccountNotAllowed": "the partition does not accept this account: choose another "
+                         "--partition or --slurm-option account=...",
+    "InvalidQOS": "the QOS is invalid for this account or partition: fix or drop --slurm-option "
+                  "qos=...",
+    "QOSNotAllowed": "the partition does not accept this QOS: choose another --partition or "
+                     "--slurm-option qos=...",
+    "MaxMemPerLimit": "the job asks for more memory per node or CPU than the partition allows "
+                      "(MaxMemPerNode/MaxMemPerCPU): lower --slurm-option mem=... or choose "
+                      "another --partition",
+    "DependencyNeverSatisfied": "a job it depends on failed or was cancelled: drop or fix "
+                                "--slurm-option dependency=...",
+    "ReservationDeleted": "its reservation was deleted: drop or fix --slurm-option "
+                          "reservation=...",
+    "ReservationInvalid": "its reservation is invalid: drop or fix --slurm-option "
+                          "reservation=...",
+    "QOSMax*PerJob": "the job asks for more (CPUs, nodes, GPUs, memory, time) than its QOS "
+                     "allows one job: lower --nodes, --node-devices, --threads, --gpus-per-node "
+                     "or --time, or ask for another QOS (--slurm-option qos=...)",
+    "QOSMax*PerNode": "the job asks for more per node than its QOS allows: lower "
+                      "--node-devices, --threads or --gpus-per-node, or ask for another QOS "
+                      "(--slurm-option qos=...)",
+    "QOSMin*": "the job asks for less than its QOS's minimum: ask for another QOS "
+               "(--slurm-option qos=...) or raise --nodes or --threads",
+    "AssocMax*PerJob": "the job asks for more (CPUs, nodes, GPUs, memory, time) than your "
+                       "association allows one job: lower --nodes, --node-devices, --threads, "
+                       "--gpus-per-node or --time, or use another --slurm-option account=...",
+    "AssocMax*PerNode": "the job asks for more per node than your association allows: lower "
+                        "--node-devices, --threads or --gpus-per-node, or use another "
+                        "--slurm-option account=...",
+}
+# Reason codes that name a kind of limit (QOSMaxCpuPerJobLimit, AssocMaxNodePerJobLimit...):
+# the NEVER_STARTS key each belongs to.
+_LIMIT_KINDS = [(re.compile(r"QOSMax\w+PerJob(Limit)?"), "QOSMax*PerJob"),
+                (re.compile(r"QOSMax\w+PerNode(Limit)?"), "QOSMax*PerNode"),
+                (re.compile(r"QOSMin\w+"), "QOSMin*"),
+                (re.compile(r"AssocMax\w+PerJob(Limit)?"), "AssocMax*PerJob"),
+                (re.compile(r"AssocMax\w+PerNode(Limit)?"), "AssocMax*PerNode")]
+# Node states (sinfo %T, without its flag suffixes) in which a node takes no new job until an
+# administrator acts.
+DEAD_NODE_STATES = {"down", "drain", "drained", "draining", "fail", "failing", "inval", "future"}
+
+
+def reason_code(reason: str) -> str:
+    """The code of squeue's reason ("ReqNodeNotAvail, UnavailableNodes:n1" -> "ReqNodeNotAvail");
+    a free-text description Slurm shows instead of a code is returned as it is."""
+    return reason.split(",", 1)[0].strip()
+
+
+def never_starts(reason: str, *, usable_nodes: int | None = None, nodes: int = 1) -> str | None:
+    """What to change when a job pending for `reason` can never start as submitted, else None.
+
+    ReqNodeNotAvail is also said while a node is merely busy or reserved: it is final only when
+    the partition has fewer ``usable_nodes`` (not down, drained or failing) than the job's
+    ``nodes``; without that count it is taken as transient.
+    """
+    code = reason_code(reason)
+    if code == "ReqNodeNotAvail":
+        return NEVER_STARTS[code] if usable_nodes is not None and usable_nodes < nodes else None
+    if code in NEVER_STARTS and "*" not in code:
+        return NEVER_STARTS[code]
+    for pattern, kind in _LIMIT_KINDS:
+        if pattern.fullmatch(code):
+            return NEVER_STARTS[kind]
+    return None
+
+
+def usable_node_count(sinfo_lines: str) -> int:
+    """Distinct nodes of ``sinfo -h -N -o '%N|%T'`` output that can take a new job."""
+    usable = set()
+    for line in sinfo_lines.splitlines():
+        name, _, state = line.strip().partition("|")
+        words = {w.rstrip("*~#!%$@^-") for w in state.lower().split("+")}
+        if name and state and not words & DEAD_NODE_STATES:
+            usable.add(name)
+    return len(usable)
 
 
 def placement(nodes: int, node_devices: list[str]) -> tuple[Hosts, list[str]]:
@@ -103,16 +206,18 @@ class SlurmJob:
     def __init__(self, job_id: str, env: dict | None = None):
         self.id = job_id
         self.env = env
-        self._state, self._reason, self._at = "PENDING", "", 0.0
+        self._state, self._reason, self._partition, self._at = "PENDING", "", "", 0.0
+        self.polls = 0                                # squeue answers read so far
 
     def state(self, fresh: bool = False) -> str:
         if self._state in ACTIVE and (fresh or time.monotonic() - self._at > STATE_POLL):
             self._at = time.monotonic()
-            done = subprocess.run(["squeue", "-h", "-t", "all", "-j", self.id, "-o", "%T|%r"],
+            done = subprocess.run(["squeue", "-h", "-t", "all", "-j", self.id, "-o", "%T|%P|%r"],
                                   capture_output=True, text=True)
             line = done.stdout.strip()
             if done.returncode == 0 and line:
-                self._state, self._reason = (line.split("|", 1) + [""])[:2]
+                self._state, self._partition, self._reason = (line.split("|", 2) + ["", ""])[:3]
+                self.polls += 1
             elif done.returncode != 0 and "Invalid job id" not in done.stderr:
                 return self._state                    # slurmctld busy: ask again later
             else:
@@ -122,6 +227,16 @@ class SlurmJob:
     @property
     def reason(self) -> str:
         return self._reason
+
+    def never_starts(self, nodes: int) -> str | None:
+        """What to change if the job, pending for its current reason, can never start."""
+        usable = None
+        if reason_code(self._reason) == "ReqNodeNotAvail" and self._partition:
+            done = subprocess.run(["sinfo", "-h", "-N", "-p", self._partition, "-o", "%N|%T"],
+                                  capture_output=True, text=True)
+            if done.returncode == 0:
+                usable = usable_node_count(done.stdout)
+        return never_starts(self._reason, usable_nodes=usable, nodes=nodes)
 
     def node_names(self) -> list[str]:
         """The job's nodes in Slurm's order (once it runs)."""
@@ -197,6 +312,7 @@ class SlurmBackend(Backend):
             self.params["slurm_gpus_per_node"] = gpus_per_node
         self.announce = announce or (lambda text: print(text, file=sys.stderr, flush=True))
         self.job: SlurmJob | None = None
+        self._tasks = 0                          # tasks per node of the job submitted last
 
     def start(self, specs: list[RoleSpec], proc_dir: Path) -> list[Handle]:
         if self.job is not None:
@@ -210,6 +326,7 @@ class SlurmBackend(Backend):
             for suffix in (".exit", ".stop"):
                 (proc_dir / f"{spec.name}{suffix}").unlink(missing_ok=True)
         layout = task_layout(specs, self.nodes)
+        self._tasks = len(layout[0])
         executor = submitit.SlurmExecutor(folder=proc_dir / "slurm", max_num_timeout=0)
         params = {k: v for k, v in self.params.items() if v is not None}
         executor.update_parameters(ntasks_per_node=len(layout[0]),
@@ -235,8 +352,16 @@ class SlurmBackend(Backend):
         return [SlurmHandle(spec, self.job, proc_dir) for spec in named]
 
     def _wait_until_running(self) -> None:
-        last = 0.0
+        last, checked = 0.0, 0
         while (state := self.job.state()) == "PENDING":
+            if self.job.polls != checked:        # a fresh reason: one that never clears ends here
+                checked = self.job.polls
+                fix = self.job.never_starts(self.nodes)
+                if fix is not None:
+                    self.job.cancel()
+                    raise UsageError(f"--backend slurm: Slurm job {self.job.id} can never start "
+                                     f"(pending: {reason_code(self.job.reason)}; "
+                                     f"{self._request()}): {fix}; the job is cancelled")
             if time.monotonic() - last > 30:
                 last = time.monotonic()
                 reason = self.job.reason if self.job.reason not in ("", "None") else "queued"
@@ -245,6 +370,15 @@ class SlurmBackend(Backend):
         if state not in ACTIVE:
             raise RuntimeError(f"Slurm job {self.job.id} ended before it ran ({state}); see "
                                "its files in the processes/slurm folder")
+
+    def _request(self) -> str:
+        """What the job asks each node for, as sbatch was told."""
+        tasks, cpus = self._tasks, self.params["cpus_per_task"]
+        text = (f"it asks for {self.nodes} node(s) x {tasks} task(s) x {cpus} CPU(s) = "
+                f"{tasks * cpus} CPUs per node")
+        if self.params.get("slurm_gpus_per_node"):
+            text += f" and {self.params['slurm_gpus_per_node']} GPU(s) per node"
+        return text + f", for {self.params['slurm_time']} min"
 
     def close(self) -> None:
         if self.job is None or self.job.state() not in ACTIVE:
