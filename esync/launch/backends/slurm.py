@@ -327,7 +327,8 @@ class SlurmBackend(Backend):
                 (proc_dir / f"{spec.name}{suffix}").unlink(missing_ok=True)
         layout = task_layout(specs, self.nodes)
         self._tasks = len(layout[0])
-        executor = submitit.SlurmExecutor(folder=proc_dir / "slurm", max_num_timeout=0)
+        self.job_folder = proc_dir / "slurm"
+        executor = submitit.SlurmExecutor(folder=self.job_folder, max_num_timeout=0)
         params = {k: v for k, v in self.params.items() if v is not None}
         executor.update_parameters(ntasks_per_node=len(layout[0]),
                                    **{k.removeprefix("slurm_"): v for k, v in params.items()})
@@ -369,7 +370,7 @@ class SlurmBackend(Backend):
             time.sleep(0.5)
         if state not in ACTIVE:
             raise RuntimeError(f"Slurm job {self.job.id} ended before it ran ({state}); see "
-                               "its files in the processes/slurm folder")
+                               f"its files in {self.job_folder}")
 
     def _request(self) -> str:
         """What the job asks each node for, as sbatch was told."""
