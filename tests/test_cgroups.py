@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 
 from esync.launch import cgroups
-from esync.launch.cgroups import (CgroupError, CpuCaps, CpuController, ScheduleError,
-                                  default_share, factor_in_force, find_cpu_controller,
-                                  next_change, parse_speed_schedule, quota_for, remove_stale)
+from esync.common.speeds import (ScheduleError, factor_in_force, next_change,
+                                 parse_speed_schedule)
+from esync.launch.cgroups import (CgroupError, CpuCaps, CpuController, default_share,
+                                  find_cpu_controller, quota_for, remove_stale)
 from support import REPO
 
 # A busy loop that prints "<monotonic seconds> <own CPU seconds since the loop began>" every

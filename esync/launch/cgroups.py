@@ -56,15 +56,12 @@ and Python's own, so a slow device also communicates slower, as a slow real mach
 parameter server, scheduler, evaluator and state server stay uncapped; ``default_share`` keeps
 ``reserve`` of a core free for them so that the workers' quotas can always be met.
 
-Speed schedules (a device that changes speed during the run) are written
-``cpu1:1@0,6@30;cpu2:2@10`` (device ``cpu1`` at x1 from 0 s and x6 from 30 s, ``cpu2`` at x2 from
-10 s): ``parse_speed_schedule`` reads them, ``factor_in_force`` and ``next_change`` say what
-applies when, and the launcher calls ``cap`` again when a factor changes.
+Speed schedules (``esync.common.speeds``: a device that changes speed during the run): the
+launcher calls ``cap`` again when a factor changes.
 """
 from __future__ import annotations
 
 import argparse
-import bisect
 import errno
 import itertools
 import math
@@ -76,7 +73,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from esync.errors import UsageError
+from esync.common import runlayout
+from esync.common.errors import UsageError
 
 PREFIX = "esync"
 GROUP_RE = re.compile(rf"^{PREFIX}-(\d+)\.(\d+)\.(\d+)$")        # esync-<pid>.<start>.<n>
@@ -562,86 +560,66 @@ def default_share(factors, cores: float, reserve: float = DEFAULT_RESERVE) -> fl
     return min(1.0, budget / sum(1.0 / f for f in factors))
 
 
-class ScheduleError(UsageError, ValueError):
-    """A speed schedule that does not parse; the message names the token and the format."""
+class SpeedShifter:
+    """Applies a speed schedule to CPU-capped workers: at each change a device's cap becomes
+    ``share / factor``, while the worker runs.
 
-
-SCHEDULE_FORMAT = ("DEVICE:FACTOR@SECONDS[,FACTOR@SECONDS...][;DEVICE:...], "
-                   "e.g. cpu1:1@0,6@30;cpu2:2@10")
-
-
-def _number(token: str, what: str, entry: str) -> float:
-    try:
-        value = float(token)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value):
-        raise ScheduleError(f"speed schedule: {what} {token!r} in {entry!r} is not a number; "
-                            f"expected {SCHEDULE_FORMAT}")
-    return value
-
-
-def parse_speed_schedule(text: str, devices=None) -> dict[str, list[tuple[float, float]]]:
-    """``"cpu1:1@0,6@30;cpu2:2@10"`` -> ``{"cpu1": [(0.0, 1.0), (30.0, 6.0)], "cpu2":
-    [(10.0, 2.0)]}``: for each device, (seconds since the start, slow-down factor) by time.
-
-    A factor is how many times slower than a x1 device (>= 1); seconds are >= 0. With
-    ``devices`` given, a device not among them is an error too. ScheduleError (a ValueError
-    and a UsageError) names the bad token and shows the expected format.
+    Times count from the start of training, as in the logs' ``total_time`` (a change at 30 s
+    shows at 30 s in the figures): the zero is read from the first round log that appears (its
+    modification time minus its ``total_time``), so the job's start-up does not count.
     """
-    known = None if devices is None else list(devices)
-    schedule: dict[str, list[tuple[float, float]]] = {}
-    for entry in (e.strip() for e in text.split(";")):
-        if not entry:
-            continue
-        device, colon, points = (s.strip() for s in entry.partition(":"))
-        if not colon or not device or not points:
-            raise ScheduleError(f"speed schedule: {entry!r} is not DEVICE:FACTOR@SECONDS,...; "
-                                f"expected {SCHEDULE_FORMAT}")
-        if not DEVICE_RE.match(device):
-            raise ScheduleError(f"speed schedule: {device!r} in {entry!r} is not a device name "
-                                "(letters, digits, '_' and '-')")
-        if known is not None and device not in known:
-            raise ScheduleError(f"speed schedule: no device {device!r} in this run; devices: "
-                                f"{', '.join(known)}")
-        if device in schedule:
-            raise ScheduleError(f"speed schedule: device {device!r} appears twice; give all "
-                                f"its changes in one entry, e.g. {device}:1@0,4@30")
-        changes = {}
-        for point in (p.strip() for p in points.split(",")):
-            factor, at, seconds = (s.strip() for s in point.partition("@"))
-            if not at or not factor or not seconds:
-                raise ScheduleError(f"speed schedule: {point!r} in {entry!r} is not "
-                                    f"FACTOR@SECONDS; expected {SCHEDULE_FORMAT}")
-            f = _number(factor, "factor", entry)
-            t = _number(seconds, "time", entry)
-            if f < 1:
-                raise ScheduleError(f"speed schedule: factor {factor!r} in {entry!r} must be "
-                                    ">= 1 (how many times slower than a x1 device)")
-            if t < 0:
-                raise ScheduleError(f"speed schedule: time {seconds!r} in {entry!r} must be "
-                                    ">= 0 seconds since the start")
-            if t in changes:
-                raise ScheduleError(f"speed schedule: two factors at {seconds} s in {entry!r}")
-            changes[t] = f
-        schedule[device] = sorted(changes.items())
-    if not schedule:
-        raise ScheduleError(f"speed schedule {text!r} is empty; expected {SCHEDULE_FORMAT}")
-    return schedule
 
+    POLL_SECONDS = 0.2
 
-def factor_in_force(changes: list[tuple[float, float]], elapsed: float,
-                    initial: float = 1.0) -> float:
-    """The factor of one device's ``changes`` (sorted (seconds, factor)) ``elapsed`` seconds
-    after the start: the latest change at or before then, ``initial`` before the first."""
-    i = bisect.bisect_right([t for t, _ in changes], elapsed)
-    return changes[i - 1][1] if i else initial
+    def __init__(self, caps: CpuCaps, share: float, schedule: dict, folders: dict,
+                 announce=None):
+        self.caps, self.share, self.schedule = caps, share, schedule
+        self.folders = folders            # {device: its log folder relative to the mode folder}
+        self.announce = announce or (lambda line: print(line, file=sys.stderr, flush=True))
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
+    def start(self, mode_dir: Path) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, args=(Path(mode_dir),),
+                                            name="speed-shifter", daemon=True)
+            self._thread.start()
 
-def next_change(changes: list[tuple[float, float]], elapsed: float) -> float | None:
-    """When (seconds since the start) the next change after ``elapsed`` happens; None: none."""
-    i = bisect.bisect_right([t for t, _ in changes], elapsed)
-    return changes[i][0] if i < len(changes) else None
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def training_started(self, mode_dir: Path) -> float | None:
+        """The wall-clock time training started, from the first round log; None: not yet."""
+        import json
+        for folder in self.folders.values():
+            first = runlayout.round_log(Path(mode_dir) / folder, 1)
+            try:
+                total = float(json.loads(first.read_text())["total_time"])
+                return first.stat().st_mtime - total
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+        return None
+
+    def _run(self, mode_dir: Path) -> None:
+        start = None
+        while start is None:
+            if self._stop.wait(self.POLL_SECONDS):
+                return
+            start = self.training_started(mode_dir)
+        changes = sorted((t, device, f) for device, points in self.schedule.items()
+                         for t, f in points if device in self.folders)
+        for at, device, factor in changes:
+            if self._stop.wait(max(0.0, start + at - time.time())):
+                return
+            try:
+                self.caps.cap(device, self.share / factor)
+            except CgroupError as exc:       # the worker's group is gone: the job is ending
+                self.announce(f"esync-cluster: speed schedule: {exc}")
+                return
+            self.announce(f"esync-cluster: {device} is now x{factor:g} "
+                          f"({self.share / factor:.3f} of a core) at {at:g} s of training")
 
 
 # --- command line -------------------------------------------------------------------------------
