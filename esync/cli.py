@@ -41,6 +41,15 @@ def _split(text):
     return int(text)
 
 
+def _speed_schedule(text):
+    from esync.common.speeds import ScheduleError, parse_speed_schedule
+    try:
+        parse_speed_schedule(text)
+    except ScheduleError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("speed schedule: ")) from None
+    return text
+
+
 def _eval_every(text):
     if text == "auto":
         return text
@@ -117,8 +126,18 @@ def add_run_args(parser: argparse.ArgumentParser, *, one_worker: bool = True) ->
                    help="continue from the last checkpoint in the log folder")
     if one_worker:
         g.add_argument("--slowdown", type=_slowdown, default=config.slowdown,
-                       help="emulate a device this many times slower (waits (F-1)x each "
-                            "iteration)")
+                       help="emulate a device this many times slower (see --emulation)")
+        g.add_argument("--emulation", choices=["sleep", "cpu-cap"], default="sleep",
+                       help="how --slowdown is emulated: sleep waits (F-1)x each iteration's "
+                            "compute; cpu-cap means a launcher caps this process's CPU (it "
+                            "only records F)")
+        g.add_argument("--speed-schedule", type=_speed_schedule, default=None,
+                       metavar="SPEC",
+                       help="the device's factor changes during training, e.g. "
+                            "'cpu1:1@0,6@30' (this device's entry is used; see esync-cluster)")
+        g.add_argument("--shard", type=non_negative_int, default=None,
+                       help="train on this shard of the data (default: the KVStore rank); "
+                            "a launcher pins each device to its shard")
         g.add_argument("--device-name", default=None,
                        help="log folder name of this device (default gpuN, or cpuRANK)")
     g.add_argument("--host-name", default=socket.gethostname(),

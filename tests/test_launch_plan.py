@@ -170,3 +170,51 @@ def test_idle_time_names_the_worker_that_stopped_logging():
     watch.observe({"a": (1, 1.0), "b": (1, 1.0)}, now=1)
     watch.observe({"a": (2, 6.0), "b": (1, 1.0)}, now=6)
     assert watch.idle("b", now=10) > watch.idle("a", now=10)
+
+
+def _flag(argv, name):
+    return argv[argv.index(name) + 1] if name in argv else None
+
+
+def test_worker_i_of_the_plan_trains_on_shard_i():
+    specs = by_name(plan_roles(config(), Hosts(PS, (FAST, SLOW))))
+    assert _flag(specs["worker-cpu0"].argv, "--shard") == "0"
+    assert _flag(specs["worker-cpu1"].argv, "--shard") == "1"
+
+
+def test_capped_workers_say_so_and_get_one_compute_thread():
+    specs = by_name(plan_roles(config(cpu_cores=(0.6, 0.15), emulation="cpu-cap"),
+                               Hosts(PS, (FAST, SLOW))))
+    slow = specs["worker-cpu1"]
+    assert slow.cpu_cores == 0.15
+    assert _flag(slow.argv, "--emulation") == "cpu-cap"
+    assert _flag(slow.argv, "--slowdown") == "4"          # recorded, not slept
+    assert slow.env["OMP_NUM_THREADS"] == "1" and slow.env["MXNET_CPU_WORKER_NTHREADS"] == "1"
+
+
+def test_uncapped_workers_sleep_as_before():
+    specs = by_name(plan_roles(config(), Hosts(PS, (FAST, SLOW))))
+    assert specs["worker-cpu1"].cpu_cores is None
+    assert "--emulation" not in specs["worker-cpu1"].argv
+
+
+def test_a_speed_schedule_reaches_every_worker():
+    specs = plan_roles(config(speed_schedule="cpu1:1@0,6@30"), Hosts(PS, (FAST, SLOW)))
+    workers = [s for s in specs if s.kind == "worker"]
+    assert {_flag(s.argv, "--speed-schedule") for s in workers} == {"cpu1:1@0,6@30"}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--speed-schedule", "cpu7:2@3"], "no device 'cpu7'"),
+    (["--speed-schedule", "cpu1:fast@3"], "'fast'"),
+    (["--speed-schedule", "cpu1:0.5@3"], "must be >= 1"),
+    (["--emulation", "cpu-cap", "--backend", "kubernetes", "--emit", "k8s"], "needs --backend local"),
+    (["--cpu-share", "0"], "--cpu-share"),
+])
+def test_bad_emulation_flags_are_refused_with_the_reason(tmp_path, argv, message):
+    from esync.common.errors import UsageError
+    from esync.launch.flags import parse
+    (tmp_path / "data" / "fashion-mnist").mkdir(parents=True)
+    with pytest.raises(UsageError, match=message):
+        parse(build_parser(), ["-ld", str(tmp_path), "-dd", str(tmp_path / "data"),
+                               "--workers", "2", *argv])

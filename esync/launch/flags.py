@@ -31,7 +31,8 @@ CLUSTER_DEFAULTS = dict(network="lenet", cpu=1, learning_rate=CLUSTER_LR, local_
 STATE_SERVER_RESTARTS = 3        # a state server that keeps dying is a failure, not a blip
 DEFAULT_SLOWDOWN = "1,1,4,8"      # the emulated cluster: two fast, one 4x, one 8x slower
 LOCAL_ADDRESS = "127.0.0.1"       # the local backend's one host
-LAUNCHER_ONLY = {"workers", "slowdown_list", "devices", "servers", "threads", "port", "state_port",
+LAUNCHER_ONLY = {"emulation", "cpu_share", "speed_schedule",
+                 "workers", "slowdown_list", "devices", "servers", "threads", "port", "state_port",
                  "no_evaluator", "no_summary", "quiet", "stall_timeout", "startup_timeout",
                  "restarts", "net", "hosts", "bandwidth", "server_bandwidth"}
 # Set per role by the plan (the state server's address, each worker's host) or passed in the
@@ -90,6 +91,24 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-evaluator", action="store_true", help="do not score checkpoints")
     g.add_argument("--no-summary", action="store_true", help="do not write the summary JSON")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
+    e = parser.add_argument_group("emulated devices")
+    e.add_argument("--emulation", choices=["auto", "cpu-cap", "sleep"], default="auto",
+                   help="how --slowdown makes a CPU worker slower: cpu-cap runs each worker in "
+                        "a cgroup with a CPU quota (share/F of a core; needs root), sleep waits "
+                        "(F-1)x each iteration's compute; auto: cpu-cap where possible, else "
+                        "sleep with a warning")
+    e.add_argument("--cpu-share", type=bounded_number(float, low=0.001, high=64.0,
+                                                      must="a number of cores in [0.001, 64]"),
+                   default=None,
+                   help="cores given to a x1 device under cpu-cap (a xF device gets share/F); "
+                        "default: the most that lets every device's cap plus a reserve of half "
+                        "a core for the parameter server, scheduler, evaluator and state server "
+                        "fit this machine's cores")
+    e.add_argument("--speed-schedule", default=None, metavar="SPEC",
+                   help="devices whose speed changes during training: DEVICE:FACTOR@SECONDS,..."
+                        "[;DEVICE:...], e.g. 'cpu1:1@0,6@30' (cpu1 becomes 6x slower at 30 s "
+                        "of training); applied by changing the CPU cap live, or the factor "
+                        "under sleep emulation")
     add_network_args(parser.add_argument_group("network"))
     LAUNCHER_ONLY.update(remote.add_arguments(parser))
     r = parser.add_argument_group("failures")
@@ -154,6 +173,17 @@ def parse(parser, argv) -> argparse.Namespace:
         raise UsageError("--resume and --overwrite exclude each other")
     cli.check_esync_options(args)
     layout_from_args(args, args.workers)
+    if args.backend != "local" and args.emulation == "cpu-cap":
+        raise UsageError(f"--emulation cpu-cap caps processes on this machine: it needs "
+                         f"--backend local, not --backend {args.backend}")
+    if args.speed_schedule is not None:
+        from esync.common.speeds import ScheduleError, parse_speed_schedule
+        from esync.launch.roles import device_names
+        try:
+            parse_speed_schedule(args.speed_schedule,
+                                 devices=device_names(device_list(args.devices, args.workers)))
+        except ScheduleError as exc:
+            raise UsageError(f"argument --speed-schedule: {exc}") from None
     if args.backend != "kubernetes":          # the pods check their own data and logs
         check_before_start(args)
     return args

@@ -37,6 +37,9 @@ LOCAL_ADDRESS = "127.0.0.1"       # the local backend's one host
 class Launch:
     """What every job shares: the plan, restarts, the state server's view, the end report."""
 
+    emulation = "sleep"           # how slow-downs are emulated; LocalLaunch may cap CPUs
+    cpu_share: float | None = None
+
     def __init__(self, args, parser, *, hosts: Hosts, devices: list[str]):
         self.args, self.parser = args, parser
         self.mode_dir = runlayout.mode_dir(args)
@@ -63,11 +66,29 @@ class Launch:
             train_argv=tuple(worker_argv(self.parser, a, resume=resume, overwrite=overwrite)),
             servers=a.servers, threads=a.threads, evaluator=not a.no_evaluator,
             state_port=state_port if self.uses_state_server else None,
-            state_token=self.token,
+            state_token=self.token, emulation=self.emulation,
+            cpu_cores=tuple(self.cpu_cores()), speed_schedule=a.speed_schedule,
             state_db=paths.pop("state_db", str(runlayout.state_db(self.mode_dir))), **paths)
 
     def plan(self):
         return plan_roles(self.config, self.hosts)
+
+    def cpu_cores(self) -> list[float | None]:
+        """Each worker's CPU cap in cores (None: uncapped; a GPU worker sleeps instead)."""
+        if self.cpu_share is None:
+            return [None] * len(self.devices)
+        return [self.cpu_share / f if d == "cpu" else None
+                for d, f in zip(self.devices, self.args.slowdowns)]
+
+    def placement(self) -> list[dict]:
+        """Which device trains on which shard, where, how slow: worker i of the plan holds
+        shard i in every run, whatever rank ps-lite gives it."""
+        classes = shard_classes(self.args, len(self.devices))
+        return [{"device": name, "host": host.name, "shard": i, "classes": classes[i],
+                 "slowdown": factor, "cpu_cores": cores}
+                for i, (name, host, factor, cores) in enumerate(zip(
+                    device_names(self.devices), self.hosts.workers, self.args.slowdowns,
+                    self.cpu_cores()))]
 
     def on_ps_host(self, fn, *args):
         """``fn(*args)`` from where the launcher reaches the ps host (here, for remote hosts)."""
@@ -78,6 +99,8 @@ class Launch:
         self.mode_dir.mkdir(parents=True, exist_ok=True)
         spec = {k: v for k, v in vars(self.args).items()
                 if isinstance(v, (str, int, float, bool, list, type(None))) and k != "state_token"}
+        spec.update(emulation=self.emulation, cpu_share=self.cpu_share,
+                    placement=self.placement())
         atomic_write_text(runlayout.cluster_file(self.mode_dir), json.dumps(spec, indent=1))
         return True
 
@@ -150,8 +173,11 @@ class Launch:
 class LocalLaunch(Launch):
     """Processes on this machine: on loopback, or in emulated hosts (``--net netns``)."""
 
-    def __init__(self, args, parser, backend: Backend | None = None, hosts: Hosts | None = None):
+    def __init__(self, args, parser, backend: Backend | None = None, hosts: Hosts | None = None,
+                 *, cpu_share: float | None = None):
         self._backend = backend or LocalBackend()
+        self.cpu_share = cpu_share
+        self.emulation = "sleep" if cpu_share is None else "cpu-cap"
         hosts = hosts or Hosts.single(args.host_name, LOCAL_ADDRESS, args.workers)
         super().__init__(args, parser, hosts=hosts, devices=device_list(args.devices,
                                                                          args.workers))
@@ -159,17 +185,32 @@ class LocalLaunch(Launch):
     @classmethod
     def create(cls, args, parser) -> "LocalLaunch":
         """--net netns builds the emulated hosts now (clearing what dead launchers left first);
-        the supervisor's close() of the backend removes them on every way out."""
+        CPU caps make a cgroup per capped device (clearing what dead launchers left first).
+        The supervisor's close() of the backend removes both on every way out."""
+        caps, share = cpu_caps(args)
         layout = layout_from_args(args, args.workers)
-        if layout is None:
-            return cls(args, parser)
-        backend = NetnsBackend(layout)
-        backend.create()
+        backend = LocalBackend(caps=caps) if layout is None else NetnsBackend(layout, caps=caps)
         try:
-            return cls(args, parser, backend, backend.placement())
+            hosts = None
+            if layout is not None:
+                backend.create()
+                hosts = backend.placement()
+            launch = cls(args, parser, backend, hosts, cpu_share=share)
+            if caps is not None and args.speed_schedule:
+                backend.shift_speeds(launch.speed_shifter(caps))
+            return launch
         except BaseException:
             backend.close()
             raise
+
+    def speed_shifter(self, caps):
+        from esync.common.speeds import parse_speed_schedule
+        from esync.launch.cgroups import SpeedShifter
+        capped = {name: Path(host.name) / name
+                  for name, host, cores in zip(device_names(self.devices), self.hosts.workers,
+                                               self.cpu_cores()) if cores is not None}
+        return SpeedShifter(caps, self.cpu_share, parse_speed_schedule(self.args.speed_schedule),
+                            capped)
 
     def configure(self, *, resume: bool, overwrite: bool) -> ClusterConfig:
         """The plan's input; ports are picked again for each start unless the user fixed them."""
@@ -332,6 +373,60 @@ LAUNCHES = {"local": LocalLaunch.create, "ssh": SshLaunch, "slurm": SlurmLaunch,
 def make_launch(args, parser) -> Launch:
     """The job of ``--backend``."""
     return LAUNCHES[args.backend](args, parser)
+
+
+def cpu_caps(args):
+    """(CpuCaps, share) when CPU workers are emulated by caps, else (None, None).
+
+    ``--emulation auto`` falls back to sleeping, with one warning, where cgroups are out of
+    reach (not root, no cpu controller); ``cpu-cap`` then is an error. The default share is the
+    most that fits every device's cap (at its fastest, over a speed schedule) and a reserve for
+    the parameter server, scheduler, evaluator and state server into this machine's cores.
+    """
+    import os
+    from esync.common.speeds import parse_speed_schedule
+    from esync.launch.cgroups import CgroupError, CgroupsUnavailable, CpuCaps, default_share
+    devices = device_list(args.devices, args.workers)
+    if args.emulation == "sleep" or "cpu" not in devices:
+        return None, None
+    try:
+        caps = CpuCaps()
+    except (CgroupsUnavailable, CgroupError) as why:
+        if args.emulation == "cpu-cap":
+            raise UsageError(f"--emulation cpu-cap: {why}") from None
+        print(f"esync-cluster: warning: no CPU caps ({why}); emulating slow devices by "
+              "sleeping", file=sys.stderr)
+        return None, None
+    schedule = parse_speed_schedule(args.speed_schedule) if args.speed_schedule else {}
+    factors = [min([f] + [g for _, g in schedule.get(name, [])])
+               for name, d, f in zip(device_names(devices), devices, args.slowdowns)
+               if d == "cpu"]
+    cores = len(os.sched_getaffinity(0))
+    try:
+        share = args.cpu_share or default_share(factors, cores=cores)
+    except ValueError as exc:
+        caps.close()
+        raise UsageError(f"--emulation: {exc}; give --cpu-share") from None
+    print(f"esync-cluster: emulating slow devices by CPU caps ({caps.controller.describe()}): "
+          f"a x1 device gets {share:.2f} of a core (--cpu-share), a xF device 1/F of that",
+          flush=True)
+    return caps, share
+
+
+def shard_classes(args, workers: int) -> list[list[int] | None]:
+    """The classes of each shard for by-class splits (-s 1, -s 2); None for i.i.d. shards or
+    where the labels cannot be read here (remote data)."""
+    if not args.split_by_class:
+        return [None] * workers
+    try:
+        from esync.worker.data import FASHION_FILES, FASHION_SUBDIR, read_idx, training_shard
+        labels = read_idx(Path(args.data_dir) / FASHION_SUBDIR / FASHION_FILES["train"][1])
+        return [sorted({int(c) for c in labels[training_shard(labels, workers, i,
+                                                                args.split_by_class,
+                                                                seed=args.seed)[0]]})
+                for i in range(workers)]
+    except (OSError, ValueError):
+        return [None] * workers
 
 
 def rounds_logged_by_all(mode_dir: Path, devices) -> int:

@@ -12,7 +12,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from esync.launch.cgroups import ONE_COMPUTE_THREAD_ENV
+
 REPO = Path(__file__).resolve().parents[2]
+
 MAIN = REPO / "main.py"
 
 KINDS = ("state", "scheduler", "server", "evaluator", "worker")
@@ -37,6 +40,7 @@ class RoleSpec:
     host: str
     device: str = ""
     rank: int | None = None
+    cpu_cores: float | None = None   # a worker's CPU cap in cores (emulated device); None: none
 
     @property
     def gpu(self) -> int | None:
@@ -74,7 +78,9 @@ class ClusterConfig:
     """What the plan needs to know of the job (the launcher builds it from its flags).
 
     ``train_argv`` are the ``main.py`` training flags shared by every worker and the evaluator;
-    the plan adds each worker's device, slow-down, host name and the state server's address.
+    the plan adds each worker's device, slow-down, shard, host name and the state server's
+    address. ``cpu_cores`` (one per worker; None: uncapped) are the CPU caps that emulate the
+    slow-downs under ``emulation="cpu-cap"``; worker i always trains on shard i.
     """
     mode: str
     devices: tuple[str, ...]               # one per worker: "cpu" or "gpuN"
@@ -87,6 +93,9 @@ class ClusterConfig:
     state_port: int | None = None          # None: no state server (not ESync, or --local-iters)
     state_token: str = ""
     state_db: str = ""                     # the state server's SQLite file
+    emulation: str = "sleep"               # how slow-downs are emulated: sleep | cpu-cap
+    cpu_cores: tuple[float | None, ...] = ()
+    speed_schedule: str | None = None      # --speed-schedule, passed to every worker
     python: str = field(default=sys.executable)
     main_py: str = field(default=str(MAIN))
 
@@ -148,10 +157,16 @@ def plan_roles(config: ClusterConfig, hosts: Hosts) -> list[RoleSpec]:
         if config.state_port is not None:
             env["ESYNC_STATE_TOKEN"] = config.state_token
         on = ["-c", "1"] if device == "cpu" else ["-c", "0", "-g", device[3:]]
+        cores = config.cpu_cores[i] if config.cpu_cores else None
+        if cores is not None:
+            env.update(ONE_COMPUTE_THREAD_ENV)   # the quota throttles one thread smoothly
+        emulation = ["--emulation", "cpu-cap"] if cores is not None else []
+        schedule = ["--speed-schedule", config.speed_schedule] if config.speed_schedule else []
         argv = main + train + on + ["--device-name", name, "--slowdown", f"{factor:g}",
-                                    "--host-name", host.name] + state
+                                    "--shard", str(i), "--host-name", host.name] \
+            + emulation + schedule + state
         specs.append(RoleSpec(f"worker-{name}", "worker", argv, env, host.name, device=name,
-                              rank=i))
+                              rank=i, cpu_cores=cores))
     return specs
 
 

@@ -19,6 +19,7 @@ from esync.worker.checkpoint import CheckpointError, CheckpointStore
 from esync.common import runlayout
 from esync.common.errors import UsageError, guarded
 from esync.common.runlayout import EvaluationLog
+from esync.common.speeds import join_cpu_cap
 from esync.worker.evaluator import accuracy
 from esync.worker.kvstore import KeyMap, KVChannel, control_length, leave_job_at_once
 from esync.common.files import atomic_write_text
@@ -88,13 +89,23 @@ def _connect(algo_cls, args):
     return channel, channel.rank, channel.num_workers
 
 
-def _shard(args, rank: int, num_workers: int) -> data.BatchStream:
+def shard_of(args, rank: int, num_workers: int) -> int:
+    """The data shard this worker trains on: ``--shard`` (a launcher pins each device to its
+    shard, whatever rank ps-lite assigns in registration order), else the KVStore rank."""
+    shard = rank if getattr(args, "shard", None) is None else args.shard
+    if shard >= num_workers:
+        raise UsageError(f"argument --shard: {shard} is not below the number of workers "
+                         f"({num_workers})")
+    return shard
+
+
+def _shard(args, shard: int, num_workers: int) -> data.BatchStream:
     images, labels = data.load_fashion_mnist(args.data_dir, "train")
-    index, shuffle = data.training_shard(labels, num_workers, rank, args.split_by_class,
+    index, shuffle = data.training_shard(labels, num_workers, shard, args.split_by_class,
                                          seed=args.seed)
     return data.BatchStream(images[index], labels[index], args.batch_size,
                             models.input_size(args.network), resolve_context(args),
-                            seed=args.seed * 1000 + rank, shuffle=shuffle)
+                            seed=args.seed * 1000 + shard, shuffle=shuffle)
 
 
 def _device_name(args, rank: int) -> str:
@@ -156,7 +167,8 @@ def train(args) -> int:
         raise UsageError("--resume continues from a cluster's checkpoints; -m local writes none")
     folder = runlayout.mode_dir(args)
     channel, rank, num_workers = _connect(algo_cls, args)
-    stream = _shard(args, rank, num_workers)          # bad data fails before any folder is made
+    shard = shard_of(args, rank, num_workers)
+    stream = _shard(args, shard, num_workers)          # bad data fails before any folder is made
     net = models.build(args.network, ctx, seed=args.seed)
     trainable, aux = models.trainable_and_aux(net)
     worker = Worker(config=AlgorithmConfig.from_args(args), ctx=ctx, net=net,
@@ -173,6 +185,7 @@ def train(args) -> int:
                 forget_earlier_events(args.tensorboard)
         _write_run_config(folder, args, num_workers)
     _write_json(writer.folder / "config.json", dict(vars(args), rank=rank, device=device,
+                                                    shard=shard,
                                                     num_workers=num_workers))
     algo = algo_cls(worker)
     algo.prepare()
@@ -180,7 +193,7 @@ def train(args) -> int:
     done_rounds, spent, samples = _start_global_model(worker, algo, store, args)
     algo.setup()
     algo.announce(host=args.host_name, device=device)
-    loop = TrainingLoop(worker, algo, stream, writer, store, folder, device, args)
+    loop = TrainingLoop(worker, algo, stream, writer, store, folder, device, args, shard=shard)
     return loop.run(done_rounds, spent, samples)
 
 
@@ -191,8 +204,31 @@ def _forget_earlier_run(folder: Path) -> None:
     shutil.rmtree(runlayout.checkpoints_dir(folder), ignore_errors=True)
 
 
+class DeviceSpeed:
+    """The emulated device's slow-down factor over training time: ``--slowdown``, changed by
+    this device's entry of ``--speed-schedule``. Under ``--emulation sleep`` the worker waits
+    (F-1)x each iteration's compute; under ``cpu-cap`` its launcher caps the CPU and the worker
+    only records F."""
+
+    def __init__(self, args, device: str):
+        from esync.common.speeds import parse_speed_schedule
+        self.base = args.slowdown
+        self.sleeps = getattr(args, "emulation", "sleep") == "sleep"
+        schedule = getattr(args, "speed_schedule", None)
+        self.changes = parse_speed_schedule(schedule).get(device, []) if schedule else []
+
+    def factor(self, elapsed: float) -> float:
+        from esync.common.speeds import factor_in_force
+        return factor_in_force(self.changes, elapsed, initial=self.base)
+
+    def sleep_factor(self, elapsed: float) -> float:
+        """The factor this process must emulate by waiting (1 when a CPU cap does it)."""
+        return self.factor(elapsed) if self.sleeps else 1.0
+
+
 class TrainingLoop:
-    def __init__(self, worker, algo, stream, writer, store, folder, device, args):
+    def __init__(self, worker, algo, stream, writer, store, folder, device, args, shard=None):
+        self.shard = worker.rank if shard is None else shard
         self.w, self.algo, self.stream, self.writer, self.store = worker, algo, stream, writer, store
         self.args = args
         self.loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
@@ -207,11 +243,17 @@ class TrainingLoop:
         self.scalars = (TrainingScalars(self.args.tensorboard)
                         if self.args.tensorboard and worker.rank == 0 else None)
         self.diverged = False          # said once that the loss is no longer a number
+        self.speed = DeviceSpeed(args, device)
+        self.clock0 = time.perf_counter()  # the training clock's zero (set by run)
 
     def run(self, done_rounds: int, spent: float, samples: int) -> int:
         args, w = self.args, self.w
+        group = join_cpu_cap()                     # the device's speed from here on
+        if group:
+            print(f"{self.prefix} training under the CPU cap of {group}", flush=True)
         last_c = self._warm_up()
         clock0 = time.perf_counter() - spent       # training clock: inline scoring is taken out
+        self.clock0 = clock0
         wall0 = clock0                             # wall clock: everything counts
         total_samples = samples
         last_print = 0.0
@@ -238,6 +280,7 @@ class TrainingLoop:
             total_samples += record.num_samples if round_samples is None else round_samples
             acc = self._evaluate_inline(record, round_no, stop, elapsed)
             clock0 += record.seconds("evaluation")   # standalone: scoring is not training time
+            self.clock0 = clock0
             elapsed = time.perf_counter() - clock0
             wall = time.perf_counter() - wall0
             pushed, pulled = w.channel.counters() if w.channel else (0, 0)
@@ -247,7 +290,8 @@ class TrainingLoop:
                 "slowdown_time": round(record.seconds("emulated slowdown"), 6),
                 "wait_time": round(time.perf_counter() - round_start - compute, 6),
                 "bytes_pushed": pushed - pushed0, "bytes_pulled": pulled - pulled0,
-                "slowdown": args.slowdown, "rank": w.rank,
+                "slowdown": self.speed.factor(elapsed), "emulation": args.emulation,
+                "rank": w.rank, "shard": self.shard,
                 "state_requests": self.algo.state_requests() - requests0,
                 "train_loss": round(loss, 5),
                 # total_time is the training time; wall_time adds inline scoring (standalone)
@@ -323,7 +367,7 @@ class TrainingLoop:
             loss = self.loss_fn(self.w.net(data_), label)
         loss.backward()
         mx.nd.waitall()
-        seconds = (time.perf_counter() - start) * self.args.slowdown
+        seconds = (time.perf_counter() - start) * self.speed.sleep_factor(0.0)
         for p, value in zip(self.w.aux, saved):
             p.set_data(value)
         return seconds
@@ -343,11 +387,12 @@ class TrainingLoop:
                     loss = self.loss_fn(self.w.net(x), y)
                 loss.backward()
             self.algo.local_step(record)
-            if self.args.slowdown > 1:
+            factor = self.speed.sleep_factor(time.perf_counter() - self.clock0)
+            if factor > 1:
                 busy = record.current()
                 work = busy.get("forward and backward", 0.0) + busy.get("local update", 0.0)
                 with record.phase("emulated slowdown"):
-                    time.sleep((self.args.slowdown - 1) * work)
+                    time.sleep((factor - 1) * work)
             loss_sum += float(loss.mean().asscalar())
             record.num_samples += self.args.batch_size
             k += 1

@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 
 from esync.launch.backends.base import Backend, Handle
+from esync.common.speeds import CPU_CGROUP_ENV
+from esync.launch.cgroups import CpuCaps, SpeedShifter
 from esync.launch.roles import REPO, RoleSpec
 from esync.common.procs import die_with_parent, kill_group
 
@@ -73,10 +75,17 @@ class LocalBackend(Backend):
     what it forked) and PR_SET_PDEATHSIG (the kernel kills it if the launcher dies, even by
     SIGKILL). Start it from the launcher's main thread: the death signal follows the thread."""
 
-    def __init__(self, cwd: Path = REPO, base_env: dict[str, str] | None = None):
+    def __init__(self, cwd: Path = REPO, base_env: dict[str, str] | None = None,
+                 caps: CpuCaps | None = None):
         self.cwd = Path(cwd)
         self.base_env = base_environment() if base_env is None else dict(base_env)
         self.handles: list[LocalHandle] = []
+        self.caps = caps                  # a worker with spec.cpu_cores runs in its own group
+        self.shifter: SpeedShifter | None = None
+
+    def shift_speeds(self, shifter: SpeedShifter) -> None:
+        """Change the workers' CPU caps as ``shifter``'s schedule says (started with them)."""
+        self.shifter = shifter
 
     def start(self, specs: list[RoleSpec], proc_dir: Path) -> list[Handle]:
         proc_dir = Path(proc_dir)
@@ -89,7 +98,9 @@ class LocalBackend(Backend):
                     out.write(f"--- esync-cluster started {spec.name} at "
                               f"{time.strftime('%Y-%m-%d %H:%M:%S')} ---\n".encode())
                     out.flush()
-                    proc = subprocess.Popen(self.command(spec), env={**self.base_env, **spec.env},
+                    proc = subprocess.Popen(self.command(spec),
+                                            env={**self.base_env, **spec.env,
+                                                 **self.cap_environment(spec)},
                                             stdout=out, stderr=subprocess.STDOUT,
                                             stdin=subprocess.DEVNULL, cwd=str(self.cwd),
                                             start_new_session=True, preexec_fn=die_with_parent)
@@ -100,12 +111,31 @@ class LocalBackend(Backend):
             for handle in started:
                 handle.terminate(hard=True)
             raise
+        if self.shifter is not None:
+            self.shifter.start(proc_dir.parent)
         return started
+
+    def cap_environment(self, spec: RoleSpec) -> dict[str, str]:
+        """A capped worker's group, made and capped now; the worker joins it when its training
+        starts (``esync.common.speeds.join_cpu_cap``), so that imports, data loading and the
+        rendezvous run at the machine's speed and only training runs at the device's."""
+        if spec.cpu_cores is None:
+            return {}
+        if self.caps is None:
+            raise RuntimeError(f"{spec.name} asks for a CPU cap but this launcher has no cgroups")
+        group = self.caps.cap(spec.device, spec.cpu_cores)
+        return {CPU_CGROUP_ENV: str(group)}
 
     def command(self, spec: RoleSpec) -> list[str]:
         """The command line that starts `spec` (a subclass may wrap it, e.g. in a namespace)."""
         return list(spec.argv)
 
     def close(self) -> None:
-        for handle in self.handles:
-            handle.terminate(hard=True)
+        try:
+            if self.shifter is not None:
+                self.shifter.stop()
+            for handle in self.handles:
+                handle.terminate(hard=True)
+        finally:
+            if self.caps is not None:
+                self.caps.close()         # idempotent; the groups go with the processes

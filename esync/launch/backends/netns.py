@@ -103,8 +103,9 @@ class NetnsBackend(LocalBackend):
     """Local processes, each in its host's network namespace (``ip netns exec`` keeps the pid,
     so process groups and the die-with-the-launcher signal work as for local processes)."""
 
-    def __init__(self, layout: Layout, cwd: Path = REPO, base_env: dict | None = None):
-        super().__init__(cwd, base_env)
+    def __init__(self, layout: Layout, cwd: Path = REPO, base_env: dict | None = None,
+                 caps=None):
+        super().__init__(cwd, base_env, caps)
         self.layout = layout
         self.topology = netns.Topology(layout.hosts)
         self.relays: list[netns.PortForward] = []

@@ -1,0 +1,170 @@
+"""Emulated devices by CPU caps in a real cluster: speeds, speed schedules, shards, clean-up.
+
+Every cluster here runs through the launcher on loopback with `--emulation cpu-cap` (root and a
+cgroup cpu controller; the tests skip, saying why, without them).
+"""
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from support import Launchers, run_cluster
+
+ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="CPU caps need root to create cgroups")
+SHIFT_AT = 10.0           # seconds of training when cpu0 becomes as slow as cpu1
+
+
+def _controller_or_skip():
+    from esync.launch.cgroups import find_cpu_controller
+    found = find_cpu_controller()
+    if isinstance(found, str):
+        pytest.skip(f"no usable cgroup cpu controller: {found}")
+    return found
+
+
+def _our_groups(controller, launcher_pid: int) -> list[Path]:
+    return [p for p in controller.root.glob(f"esync-{launcher_pid}.*") if p.is_dir()]
+
+
+def _iterations(device_dir: Path):
+    """(training seconds at the round's end, compute seconds per iteration) of every round."""
+    rows = []
+    for path in device_dir.glob("iter-*.txt"):
+        log = json.loads(path.read_text())
+        phases = list(log["time"].values())
+        busy = sum(p.get("forward and backward", 0.0) + p.get("local update", 0.0)
+                   for p in phases)
+        if phases:
+            rows.append((log["total_time"], busy / len(phases), len(phases), log))
+    return sorted(rows, key=lambda r: r[0])
+
+
+def _seconds_per_iteration(rows) -> float:
+    return sum(r[1] * r[2] for r in rows) / sum(r[2] for r in rows)
+
+
+@pytest.fixture(scope="module")
+def capped_run(tmp_path_factory):
+    """Two ESync workers on loopback, x1 and x4 under CPU caps of 0.4 and 0.1 core; cpu0
+    becomes x4 at SHIFT_AT s of training. The caps leave the machine's other core to the
+    parameter server, the evaluator and the state server, so each worker gets its cap."""
+    _controller_or_skip()
+    from support import write_fashion_dir
+    root = tmp_path_factory.mktemp("caps")
+    data = write_fashion_dir(root / "data", train_per_class=200, test_per_class=20)
+    done = run_cluster(root / "logs", data, "-m", "esync", "--workers", 2, "--slowdown", "1,4",
+                       "--emulation", "cpu-cap", "--cpu-share", "0.4", "-b", 32,
+                       "--speed-schedule", f"cpu0:1@0,4@{SHIFT_AT:g}",
+                       "--max-seconds", 2 * SHIFT_AT + 4, "-e", 5, timeout=240)
+    return root / "logs" / "lenet" / "esync", done
+
+
+@ROOT_ONLY
+def test_a_capped_workers_iteration_time_follows_its_factor(capped_run):
+    mode_dir, _ = capped_run
+    host = next(p for p in mode_dir.iterdir() if p.is_dir() and (p / "cpu0").is_dir())
+    # Skip the first rounds (warm-up) and stay before the schedule's change.
+    fast = [r for r in _iterations(host / "cpu0") if 2.0 < r[0] < SHIFT_AT - 1]
+    slow = [r for r in _iterations(host / "cpu1") if 2.0 < r[0] < SHIFT_AT - 1]
+    ratio = _seconds_per_iteration(slow) / _seconds_per_iteration(fast)
+    assert 4 * 0.75 <= ratio <= 4 * 1.25, f"x4 / x1 iteration time {ratio:.2f}, expected ~4"
+
+
+@ROOT_ONLY
+def test_a_speed_schedule_slows_the_device_when_it_says(capped_run):
+    mode_dir, done = capped_run
+    host = next(p for p in mode_dir.iterdir() if p.is_dir() and (p / "cpu0").is_dir())
+    rows = _iterations(host / "cpu0")
+    before = [r for r in rows if 2.0 < r[0] < SHIFT_AT - 1]
+    after = [r for r in rows if r[0] > SHIFT_AT + 2]
+    assert before and after, "the run did not span the schedule's change"
+    ratio = _seconds_per_iteration(after) / _seconds_per_iteration(before)
+    assert 4 * 0.75 <= ratio <= 4 * 1.25, f"after / before {ratio:.2f}, expected ~4"
+    assert {r[3]["slowdown"] for r in before} == {1.0}
+    assert {r[3]["slowdown"] for r in after} == {4.0}
+    assert "cpu0 is now x4" in done.stderr
+
+
+@ROOT_ONLY
+def test_the_run_records_its_emulation_and_pins_each_device_to_its_shard(capped_run):
+    mode_dir, _ = capped_run
+    cluster = json.loads((mode_dir / "cluster.json").read_text())
+    assert cluster["emulation"] == "cpu-cap"
+    assert cluster["cpu_share"] == 0.4
+    placement = cluster["placement"]
+    assert [(p["device"], p["shard"], p["cpu_cores"]) for p in placement] == [
+        ("cpu0", 0, 0.4), ("cpu1", 1, 0.1)]
+    for entry in placement:
+        logs = [r[3] for r in _iterations(mode_dir / entry["host"] / entry["device"])]
+        assert {log["shard"] for log in logs} == {entry["shard"]}
+        assert {log["emulation"] for log in logs} == {"cpu-cap"}
+
+
+@ROOT_ONLY
+def test_no_cgroup_is_left_after_a_normal_end(capped_run):
+    controller = _controller_or_skip()
+    assert [p for p in controller.root.glob("esync-*") if p.is_dir()] == []
+
+
+def _start(tmp_path, fashion_data_dir, launchers, *extra):
+    return launchers("-ld", tmp_path / "logs", "-dd", fashion_data_dir, "--quiet", "-m", "sync",
+                     "--workers", 2, "--slowdown", "1,2", "--emulation", "cpu-cap", "-b", 8,
+                     *extra)
+
+
+def _wait_for_groups(controller, proc, timeout=90.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        groups = _our_groups(controller, proc.pid)
+        if groups and any(p.is_dir() for p in groups[0].iterdir()):
+            return groups
+        assert proc.poll() is None, f"launcher ended early: {proc.communicate()}"
+        time.sleep(0.2)
+    raise AssertionError("the launcher made no cgroup")
+
+
+@ROOT_ONLY
+def test_ctrl_c_removes_the_cgroups(tmp_path, fashion_data_dir):
+    controller = _controller_or_skip()
+    launchers = Launchers(tmp_path)
+    try:
+        proc = _start(tmp_path, fashion_data_dir, launchers, "--max-seconds", 120)
+        _wait_for_groups(controller, proc)
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+        assert proc.returncode == 130
+        assert _our_groups(controller, proc.pid) == []
+    finally:
+        launchers.remove_all()
+
+
+@ROOT_ONLY
+def test_the_next_run_removes_what_a_sigkilled_launcher_left(tmp_path, fashion_data_dir):
+    controller = _controller_or_skip()
+    launchers = Launchers(tmp_path)
+    try:
+        proc = _start(tmp_path, fashion_data_dir, launchers, "--max-seconds", 120)
+        _wait_for_groups(controller, proc)
+        proc.kill()
+        proc.wait(timeout=30)
+        assert _our_groups(controller, proc.pid), "nothing was left to clean: the test is moot"
+        launchers.remove_all()                  # its workers die with it (parent-death signal)
+        run_cluster(tmp_path / "next", fashion_data_dir, "-m", "sync", "--workers", 2,
+                    "--emulation", "cpu-cap", "-b", 8, "--max-rounds", 2)
+        assert _our_groups(controller, proc.pid) == []
+    finally:
+        launchers.remove_all()
+
+
+def test_two_runs_give_the_same_device_to_shard_map(tmp_path, fashion_data_dir):
+    maps = []
+    for run in ("a", "b"):
+        run_cluster(tmp_path / run, fashion_data_dir, "-m", "sync", "--workers", 3, "-b", 8,
+                    "--max-rounds", 2)
+        mode_dir = tmp_path / run / "lenet" / "sync"
+        maps.append({(log.parent.name, json.loads(log.read_text())["shard"])
+                     for log in mode_dir.glob("*/cpu*/iter-1.txt")})
+    assert maps[0] == maps[1] == {("cpu0", 0), ("cpu1", 1), ("cpu2", 2)}
