@@ -359,21 +359,21 @@ def test_v2_quota_is_written_to_cpu_max(tmp_path):
     assert (caps.path / "cgroup.subtree_control").read_text() == "+cpu"
     assert (caps.path / "cpu.weight").read_text() == "10000\n"
     caps.cap("cpu1", 0.45)
-    assert (caps.group("cpu1") / "cpu.max").read_text() == "45000 100000\n"
+    assert (caps.group("cpu1") / "cpu.max").read_text() == "4500 10000\n"
     assert caps.cores("cpu1") == pytest.approx(0.45)
     caps.cap("cpu1", None)
-    assert (caps.group("cpu1") / "cpu.max").read_text() == "max 100000\n"
+    assert (caps.group("cpu1") / "cpu.max").read_text() == "max 10000\n"
 
 
 # pure functions ----------------------------------------------------------------------------------
 
 def test_quota_is_a_fraction_of_one_core():
-    assert quota_for(0.45) == (45_000, 100_000)
-    assert quota_for(1) == (100_000, 100_000)
-    assert quota_for(1.5) == (150_000, 100_000)
+    assert quota_for(0.45) == (4_500, 10_000)
+    assert quota_for(1) == (10_000, 10_000)
+    assert quota_for(1.5) == (15_000, 10_000)
     assert quota_for(0.005) == (1_000, 200_000)         # the kernel's 1 ms floor
     assert quota_for(0.001) == (1_000, 1_000_000)
-    assert quota_for(None) == (None, 100_000)
+    assert quota_for(None) == (None, 10_000)
     for bad in (0, -0.5, float("nan"), float("inf"), 0.0005):
         with pytest.raises(ValueError):
             quota_for(bad)

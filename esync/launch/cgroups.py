@@ -41,8 +41,8 @@ Both cgroup versions work:
   ``/sys/fs/cgroup/cpu,cpuacct`` on most systems); ``cpu.cfs_period_us`` and
   ``cpu.cfs_quota_us``.
 
-A quota is a fraction of one core per period: 0.45 core is 45000 us per 100000 us. The kernel
-refuses quotas under 1 ms, so a cap under 0.01 core uses a longer period (up to the kernel's
+A quota is a fraction of one core per period: 0.45 core is 4500 us per 10000 us. The kernel
+refuses quotas under 1 ms, so a cap under 0.1 core uses a longer period (up to the kernel's
 1 s, that is down to 0.001 core). A cap above 1 core is allowed (several threads may run at
 once) but a worker with one compute thread cannot use it.
 
@@ -80,7 +80,7 @@ PREFIX = "esync"
 GROUP_RE = re.compile(rf"^{PREFIX}-(\d+)\.(\d+)\.(\d+)$")        # esync-<pid>.<start>.<n>
 DEVICE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")       # never a cgroup file's name
 
-PERIOD_US = 100_000              # the kernel's default CFS period
+PERIOD_US = 10_000               # a tenth of the kernel's default: see quota_for
 MIN_QUOTA_US = 1_000             # the kernel refuses shorter quotas (v1 and v2)
 MAX_PERIOD_US = 1_000_000        # ... and longer periods
 MIN_CORES = MIN_QUOTA_US / MAX_PERIOD_US
@@ -272,8 +272,10 @@ def _owner_alive(pid: int, start: int) -> bool:
 def quota_for(cores: float | None) -> tuple[int | None, int]:
     """``(quota_us, period_us)`` giving ``cores`` of CPU time per period; None: no cap.
 
-    A period of 100 ms unless the quota would fall under the kernel's 1 ms, when the period grows
-    (to at most 1 s). ValueError for a cap that is not a positive number or under 0.001 core.
+    A period of 10 ms (the kernel's default is 100 ms) unless the quota would fall under the
+    kernel's 1 ms, when the period grows (to at most 1 s). Short periods make a capped worker
+    slow at every moment, as a slow device is: with 100 ms, a x1 worker that idled at the
+    round's barrier ran its next iterations at full speed until its quota ran out. ValueError for a cap that is not a positive number or under 0.001 core.
     """
     if cores is None:
         return None, PERIOD_US
