@@ -218,3 +218,44 @@ def test_bad_emulation_flags_are_refused_with_the_reason(tmp_path, argv, message
     with pytest.raises(UsageError, match=message):
         parse(build_parser(), ["-ld", str(tmp_path), "-dd", str(tmp_path / "data"),
                                "--workers", "2", *argv])
+
+
+@pytest.mark.parametrize("split, classes", [
+    ("1", [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]), ("0", [None, None])])
+def test_cluster_json_names_each_devices_shard_and_its_classes(tmp_path, fashion_data_dir,
+                                                                 split, classes):
+    from esync.launch.flags import parse
+    parser = build_parser()
+    args = parse(parser, ["-ld", str(tmp_path), "-dd", str(fashion_data_dir), "--workers", "2",
+                          "--slowdown", "1,4", "-s", split, "--emulation", "sleep"])
+    placement = LocalCluster(args, parser).placement()
+    assert [(p["device"], p["shard"], p["classes"], p["slowdown"], p["cpu_cores"])
+            for p in placement] == [("cpu0", 0, classes[0], 1.0, None),
+                                    ("cpu1", 1, classes[1], 4.0, None)]
+
+
+def _no_cgroups(*args, **kwargs):
+    from esync.launch.cgroups import CgroupsUnavailable
+    raise CgroupsUnavailable("CPU caps need root to create cgroups")
+
+
+def test_without_cgroups_auto_falls_back_to_sleeping_with_one_warning(tmp_path, monkeypatch,
+                                                                     capsys):
+    from esync.launch import cgroups, launches
+    monkeypatch.setattr(cgroups, "CpuCaps", _no_cgroups)
+    args = build_parser().parse_args(["-ld", str(tmp_path), "--workers", "2"])
+    args.slowdowns = [1.0, 4.0]
+    assert launches.cpu_caps(args) == (None, None)
+    warning = capsys.readouterr().err.strip().splitlines()
+    assert len(warning) == 1 and "need root" in warning[0] and "sleeping" in warning[0]
+
+
+def test_without_cgroups_an_explicit_cpu_cap_is_an_error(tmp_path, monkeypatch):
+    from esync.common.errors import UsageError
+    from esync.launch import cgroups, launches
+    monkeypatch.setattr(cgroups, "CpuCaps", _no_cgroups)
+    args = build_parser().parse_args(["-ld", str(tmp_path), "--workers", "2",
+                                      "--emulation", "cpu-cap"])
+    args.slowdowns = [1.0, 4.0]
+    with pytest.raises(UsageError, match="--emulation cpu-cap: CPU caps need root"):
+        launches.cpu_caps(args)

@@ -13,11 +13,14 @@ left is removed by the next run.
 """
 from __future__ import annotations
 
+import os
+
 from dataclasses import dataclass
 from pathlib import Path
 
 import esync.launch.namespaces as netns
 from esync.common.errors import UsageError
+from esync.common.speeds import CPU_CGROUP_ENV
 from esync.launch.backends.local import LocalBackend
 from esync.launch.roles import REPO, Host, Hosts, RoleSpec
 
@@ -123,6 +126,15 @@ class NetnsBackend(LocalBackend):
 
     def command(self, spec: RoleSpec) -> list[str]:
         return self.topology.exec_prefix(spec.host) + list(spec.argv)
+
+    def cap_environment(self, spec: RoleSpec) -> dict[str, str]:
+        """``ip netns exec`` remounts /sys, hiding the cgroup hierarchy from the worker: it
+        reaches its group through this launcher's root (``/proc/<pid>/root``), which lives as
+        long as the job does (the workers die with the launcher)."""
+        env = super().cap_environment(spec)
+        if CPU_CGROUP_ENV in env:
+            env[CPU_CGROUP_ENV] = f"/proc/{os.getpid()}/root{env[CPU_CGROUP_ENV]}"
+        return env
 
     def run_on(self, host: str, fn, *args):
         """``fn(*args)`` in a thread inside `host`'s namespace: the launcher itself has no
