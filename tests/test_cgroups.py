@@ -371,8 +371,9 @@ def test_quota_is_a_fraction_of_one_core():
     assert quota_for(0.45) == (4_500, 10_000)
     assert quota_for(1) == (10_000, 10_000)
     assert quota_for(1.5) == (15_000, 10_000)
-    assert quota_for(0.005) == (1_000, 200_000)         # the kernel's 1 ms floor
-    assert quota_for(0.001) == (1_000, 1_000_000)
+    assert quota_for(0.005) == (5_000, 1_000_000)       # at least a 5 ms slice per period
+    assert quota_for(0.1) == (5_000, 50_000)
+    assert quota_for(0.001) == (1_000, 1_000_000)       # the kernel.s 1 ms floor
     assert quota_for(None) == (None, 10_000)
     for bad in (0, -0.5, float("nan"), float("inf"), 0.0005):
         with pytest.raises(ValueError):
