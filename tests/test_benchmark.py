@@ -558,7 +558,8 @@ def test_shifting_scenario_has_its_own_table(synthetic_report):
 
 def test_report_says_the_emulation_and_the_standalone_cap(synthetic):
     text = synthetic["text"]
-    assert "- emulation: **sleep (older launcher)** in every cluster run" in text
+    assert ("- emulation: **sleep (older launcher)** in every cluster run (no run wrote a "
+            "cluster.json: the launcher predates them)") in text
     assert "- standalone SGD: uncapped, a whole core and one thread (--emulation sleep)" in text
 
 
@@ -727,6 +728,27 @@ def test_table1_section_from_hand_made_numbers(data_dir, tmp_path, full_launcher
     assert "| SSGD (`sync`) | not reached in 120 s | — |" in text
     assert ("- loopback: SSGD did not reach 0.80 within 120 s in 3 of 3 run(s) (its median "
             "did not reach it): each speedup is a lower bound") in text
+
+
+def test_a_longer_run_is_cut_at_its_first_record_at_or_after_the_budget():
+    """A run with the budget stops (and checkpoints) at the first round after it; SSGD's longer
+    run stands in with its first checkpoint at or after the budget, never fewer records."""
+    summary = {"_evaluator": {"elapsed_time_list": [2.0, 3.5, 5.0, 7.0],
+                              "accuracy_list": [0.5, 0.7, 0.81, 0.9]}}
+    assert metrics.accuracy_until(summary, 4.0) == ([2.0, 3.5, 5.0], [0.5, 0.7, 0.81])
+    assert metrics.accuracy_until(summary, 5.0) == ([2.0, 3.5, 5.0], [0.5, 0.7, 0.81])
+    assert metrics.accuracy_until(summary, 9.0)[0] == [2.0, 3.5, 5.0, 7.0]
+    m = metrics.run_metrics(summary, metrics.physical_limit(None, [1]), standalone=False,
+                            target=0.8, horizon=4.0)
+    assert (m["final_accuracy"], m["time_to_target"], m["time_to_target_uncut"],
+            m["cut_s"], m["last_record_s"]) == (0.81, 5.0, 5.0, 5.0, 7.0)
+    m = metrics.run_metrics(summary, metrics.physical_limit(None, [1]), standalone=False,
+                            target=0.85, horizon=4.0)
+    assert (m["time_to_target"], m["time_to_target_uncut"]) == (None, 7.0)
+    # The figures end with the runs that kept the budget, not with SSGD's longer ones.
+    per_rep = {"sync": [{"horizon": 4.0, "last_record_s": 7.0}],
+               "esync": [{"horizon": None, "last_record_s": 4.5}, None]}
+    assert report.figure_end(per_rep, ["sync", "esync"]) == 4.5
 
 
 def test_phase_throughput_splits_the_samples_at_the_switch():

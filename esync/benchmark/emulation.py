@@ -81,8 +81,8 @@ class StandaloneCap:
     def __enter__(self) -> "StandaloneCap":
         args = self.args
         if not args.launcher_emulation:
-            self.reason = ("the launcher has no --emulation option (it sleeps), so one device "
-                           "alone runs on a whole core too")
+            self.reason = ("the launcher has no --emulation option: its devices sleep, so one "
+                           "device alone runs on a whole core too")
             return self
         if args.emulation == "sleep":
             self.reason = "--emulation sleep"
@@ -172,9 +172,10 @@ def describe(seen: dict, standalone: dict) -> list[str]:
         main = max(counts, key=counts.get)
         share = (f"; share S = {', '.join(f'{s:g}' for s in shares)} core per ×1 device "
                  "(a ×F device gets S/F)" if shares else "")
+        source = ("no run wrote a cluster.json: the launcher predates them" if main == OLDER
+                  else "read from each run's cluster.json")
         if len(counts) == 1:
-            L.append(f"- emulation: **{main}** in every cluster run{share} "
-                     "(read from each run's cluster.json)")
+            L.append(f"- emulation: **{main}** in every cluster run{share} ({source})")
         else:
             L.append(f"- emulation: **mixed**: {', '.join(parts)}{share} "
                      "(read from each run's cluster.json)")

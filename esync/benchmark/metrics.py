@@ -52,12 +52,22 @@ def physical_limit(local_summary: dict | None, slowdowns: list[float],
 
 
 def accuracy_until(summary: dict, horizon: float | None) -> tuple[list, list] | None:
-    """The accuracy records up to ``horizon`` seconds (all when None), in time order."""
+    """The accuracy records in time order up to the first one at or after ``horizon`` seconds
+    (all when None).
+
+    A run with a budget stops at the first round that ends after it, and checkpoints there, so
+    its last record lies a little past the budget. A run that went on (SSGD for Table 1) has no
+    record at that round; its first checkpoint at or after the budget stands for it. That gives
+    it up to one checkpoint interval more training than a run with the budget: the cut errs in
+    SSGD's favour, never against it.
+    """
     series = accuracy_series(summary)
     if series is None:
         return None
-    pairs = sorted((t, a) for t, a in zip(series[0], series[1])
-                   if horizon is None or t <= horizon)
+    pairs = sorted(zip(series[0], series[1]))
+    if horizon is not None:
+        after = next((i for i, (t, _) in enumerate(pairs) if t >= horizon), None)
+        pairs = pairs if after is None else pairs[:after + 1]
     return [t for t, _ in pairs], [a for _, a in pairs]
 
 
@@ -85,8 +95,9 @@ def run_metrics(summary: dict, limit: dict, *, standalone: bool, target: float |
     """The report's figures for one run, straight from its summary.
 
     ``horizon``: a run that went on past the common budget (SSGD for Table 1) is judged on its
-    records up to the budget (time to target, final accuracy), and on all of them for
-    ``time_to_target_uncut``. Throughput and traffic are whole-run figures (steady state).
+    records up to its first at or after the budget (time to target, final accuracy: see
+    ``accuracy_until``), and on all of them for ``time_to_target_uncut``. Throughput and traffic
+    are whole-run figures (steady state).
     """
     t = cluster_totals(summary)
     bound = limit["standalone_throughput"] if standalone else limit["cluster_limit"]
@@ -113,6 +124,9 @@ def run_metrics(summary: dict, limit: dict, *, standalone: bool, target: float |
         "time_to_target": _time_to(cut, target),
         "time_to_target_uncut": _time_to(whole, target),
         "horizon": horizon,
+        # when the records the tables use end, and when the run's records end (figures)
+        "cut_s": cut[0][-1] if cut and cut[0] else None,
+        "last_record_s": whole[0][-1] if whole and whole[0] else None,
         "accuracy_source": None if series is None else series[2],
         "devices": devices,
     }

@@ -179,7 +179,8 @@ def side_by_side(args, results: dict, settings: list[Setting], names: list[str],
         return []
     L = ["## Results side by side", "",
          f"Time to test accuracy {args.target:.2f} (s) within the {args.budget:g} s budget "
-         f"(SSGD's longer runs cut at the budget), speedup over SSGD of the same data split, "
+         f"(SSGD's longer runs cut at their first checkpoint at or after it), speedup over SSGD "
+         "of the same data split, "
          "speedup over the fastest other mode (same split, or one device alone), final test "
          "accuracy, per network setting. Cells: median over the repeats (min–max).", ""]
     head, rule = "| Row |", "| --- |"
@@ -258,8 +259,10 @@ def setting_section(args, setting: Setting, res: dict, labels: dict,
             _num(agg["traffic_bytes_per_s"], ".2f", 1e-6),
             _num(agg["state_requests_per_round"], ".2f")]) + " |")
     L += ["", "Time to target and final accuracy: median (min–max) over the repeats that ran; "
-          "the other columns: medians. Final accuracy: the last scored checkpoint within the "
-          "budget (the evaluator scores every one). Throughput: samples processed by all "
+          "the other columns: medians. Final accuracy: the last scored checkpoint (the "
+          "evaluator scores every one; a run stops at the first round after its budget; SSGD's "
+          "longer runs: their first checkpoint at or after the budget). Throughput: samples "
+          "processed by all "
           "workers / wall time (SSGD's longer runs: over the whole run). Traffic: bytes the "
           "workers pushed and pulled through the KVStore, as counted in the logs. "
           "State-server requests: HTTP calls per worker and round (ESync only).", ""]
@@ -355,6 +358,14 @@ def _by_row(runs: list[dict], names) -> dict[str, list[dict]]:
     return {n: [run[n] for run in runs if n in run] for n in names}
 
 
+def figure_end(per_rep: dict, names) -> float | None:
+    """Where accuracy figures end: the last record of the runs that kept the budget (runs stop
+    a little after it), so that SSGD's longer runs do not stretch the axis."""
+    ends = [m["last_record_s"] for n in names for m in per_rep.get(n, [])
+            if m and m.get("horizon") is None and m.get("last_record_s") is not None]
+    return max(ends) if ends else None
+
+
 def draw(args, results: dict, settings: list[Setting], labels: dict, out: Path) -> list[Path]:
     """Accuracy over time (median and min–max band over repeats) per setting and data split,
     the shifting scenario's with its change marked; throughput and traffic side by side."""
@@ -373,7 +384,8 @@ def draw(args, results: dict, settings: list[Setting], labels: dict, out: Path) 
             fig = Figure(figsize=(8, 5))
             title = f"Test accuracy, {s.label} — {args.network}"
             if compare.draw_accuracy_bands(fig, _by_row(res["runs"], res["names"]), labels,
-                                           title=title, target=args.target, xmax=args.budget,
+                                           title=title, target=args.target,
+                                           xmax=figure_end(res["per_rep"], res["names"]),
                                            marks={"device slows down": s.switch_s}):
                 written += compare.save(fig, folder, f"{args.network}-{s.name}-accuracy")
             continue
@@ -386,7 +398,8 @@ def draw(args, results: dict, settings: list[Setting], labels: dict, out: Path) 
             title = (f"Test accuracy ({split.label or 'i.i.d.'}) — {args.network}, "
                      f"{s.name}")
             if compare.draw_accuracy_bands(fig, _by_row(res["runs"], chosen), labels,
-                                           title=title, target=args.target, xmax=args.budget):
+                                           title=title, target=args.target,
+                                           xmax=figure_end(res["per_rep"], chosen)):
                 written += compare.save(fig, folder, f"{args.network}-{s.name}-accuracy"
                                                      f"{split.suffix or '-iid'}")
     static = _static(settings)
@@ -452,7 +465,8 @@ def render(args, *, jobs: list[Job], tune_jobs: list[Job], results: dict,
           f"- the same training-time budget for every run: {args.budget:g} s "
           f"(`--max-seconds`), except SSGD's i.i.d. runs of the static scenario: until "
           f"{args.target:.2f} or {sync_cap(args):g} s (Table 1; the other tables use their "
-          "first budget's records); the evaluator scores every checkpoint off the workers' path "
+          "records up to the first checkpoint at or after the budget, where a run with the "
+          "budget would have stopped); the evaluator scores every checkpoint off the workers' path "
           "(a checkpoint every 10 rounds of esync and sync, every 40 iterations of rank 0 in "
           "async and dcasgd: about as often in time)",
           f"- ESync rows: one per aggregation rule ({', '.join(a.label for a in args.aggregation_list)}); "
