@@ -206,7 +206,17 @@ def build_parser() -> argparse.ArgumentParser:
     defaults = _cluster_defaults()
     parser = UsageParser(prog=PROG, formatter_class=HelpFormatter,
                      description="Run every mode on the same emulated cluster (tuned learning "
-                                 "rates, two network settings) and write one report.")
+                                 "rates, two network settings, a fixed and a shifting cluster), "
+                                 "several times, and write one report: medians and min–max "
+                                 "ranges, speedups from medians, the ESync paper's Table 1.",
+                     epilog="The default is sized to fit in 100 minutes on 2 cores (about 88 "
+                            "min): 3 repeats of 40 s runs, 10 s tuning runs once per row on "
+                            "loopback (the rate reused on shaped links, in the shifting "
+                            "scenario and in every repeat), ESync rows weighted+Nesterov and "
+                            "mean (fednova: --aggregations), by-class rows on loopback only, "
+                            "SSGD's Table 1 runs capped at 3 budgets. The plan and its time "
+                            "estimate are printed at the start; --dry-run prints them only. "
+                            "See docs/BENCHMARK.md.")
     c = parser.add_argument_group("cluster (the same for every mode)")
     c.add_argument("--workers", type=positive_int, default=4, help="number of workers")
     c.add_argument("--slowdown", default="1,1,4,8",
@@ -274,8 +284,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "keep the budget")
     r.add_argument("--tune-lr", default=DEFAULT_LR_GRID,
                    help="learning-rate grid (lr x the gradient summed over the batch): a short "
-                        "run of every row with each value, then the full runs with each row's "
-                        "best; none: use -l/-ll")
+                        "run of every row with each value (once for all repeats, on loopback), "
+                        "then the full runs with each row's best; none: use -l/-ll")
     r.add_argument("--tune-budget", type=positive_float, default=DEFAULT_TUNE_BUDGET,
                    help="training seconds of each tuning run")
     r.add_argument("--local-eval-every", type=positive_int, default=100,
