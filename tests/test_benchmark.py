@@ -762,10 +762,14 @@ def test_accuracy_band_is_median_and_min_max_on_the_union_of_record_times():
     from esync.analysis import compare
     grid, mid, low, high = compare.accuracy_band(
         [([1, 3], [0.2, 0.6]), ([1, 2, 3], [0.4, 0.5, 0.9]), ([2, 4], [0.1, 0.3])], xmax=3)
-    assert list(grid) == [1, 2, 3]
-    assert [round(v, 6) for v in mid] == [0.3, 0.4, 0.6]      # at 1 s: two repeats have begun
-    assert [round(v, 6) for v in low] == [0.2, 0.1, 0.2]
-    assert [round(v, 6) for v in high] == [0.4, 0.5, 0.9]
+    # From 2 s, where every repeat has begun; each interpolated between its own records.
+    assert list(grid) == [2, 3]
+    assert [round(v, 6) for v in mid] == [0.4, 0.6]
+    assert [round(v, 6) for v in low] == [0.1, 0.2]
+    assert [round(v, 6) for v in high] == [0.5, 0.9]
+    # A repeat that ended keeps its last accuracy.
+    grid, mid, _, _ = compare.accuracy_band([([1, 2], [0.5, 0.6]), ([1, 3], [0.4, 0.8])])
+    assert (list(grid), [round(v, 6) for v in mid]) == ([1, 2, 3], [0.45, 0.6, 0.7])
 
 
 def test_accuracy_figure_draws_the_median_and_a_band(tmp_path):

@@ -71,27 +71,22 @@ def accuracy_band(series: list[tuple[list[float], list[float]]],
     """``(times, median, low, high)`` over repeats of one row.
 
     Each repeat's accuracy is interpolated linearly between its own records, on the union of
-    every repeat's record times (up to ``xmax``); outside its first and last record a repeat
-    has no value and the statistics use the others. None when no repeat has a record.
+    every repeat's record times (up to ``xmax``), and keeps its last value after its last record
+    (a run that ended has that accuracy). The statistics start where every repeat has its first
+    record, so that they are always over all repeats (a median of whichever runs happen to have
+    begun would jump). None when no point has every repeat.
     """
     pairs = [sorted(zip(t, a)) for t, a in series if len(t)]
     if not pairs:
         return None
     grid = np.unique(np.concatenate([[t for t, _ in p] for p in pairs]))
+    grid = grid[grid >= max(p[0][0] for p in pairs)]
     if xmax is not None:
         grid = grid[grid <= xmax]
-        if not len(grid):
-            return None
-    rows = []
-    for p in pairs:
-        ts, accs = np.array([t for t, _ in p]), np.array([a for _, a in p])
-        values = np.interp(grid, ts, accs)
-        values[(grid < ts[0]) | (grid > ts[-1])] = np.nan
-        rows.append(values)
-    stack = np.vstack(rows)
-    keep = ~np.all(np.isnan(stack), axis=0)
-    stack, grid = stack[:, keep], grid[keep]
-    return grid, np.nanmedian(stack, axis=0), np.nanmin(stack, axis=0), np.nanmax(stack, axis=0)
+    if not len(grid):
+        return None
+    stack = np.vstack([np.interp(grid, [t for t, _ in p], [a for _, a in p]) for p in pairs])
+    return grid, np.median(stack, axis=0), stack.min(axis=0), stack.max(axis=0)
 
 
 def draw_accuracy_bands(fig: Figure, repeats: dict[str, list[dict]], labels: dict[str, str], *,
@@ -109,7 +104,8 @@ def draw_accuracy_bands(fig: Figure, repeats: dict[str, list[dict]], labels: dic
         if band is None:
             continue
         grid, mid, low, high = band
-        style = dict(styles[name], marker=None)
+        # Markers only where the line is too short to see (a point or two).
+        style = dict(styles[name], marker=styles[name]["marker"] if len(grid) < 3 else None)
         n = len(series)
         ax.plot(grid, mid, gid=name, label=labels.get(name, name)
                 + (f" (median of {n})" if n > 1 else ""), **style)
