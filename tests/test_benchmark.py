@@ -209,7 +209,8 @@ def test_a_failing_run_is_reported_and_the_others_still_run(data_dir, tmp_path):
     # A job timeout shorter than start-up: each run is stopped and reported as failed.
     proc = run_script("--workers", 2, "--slowdown", "1,2", "--budget", 8, "--modes",
                       "sync,local", "--job-timeout", 2, "--tune-lr", "none", "--no-niid",
-                      "--net", "loopback", "--repeats", 1, "-dd", data_dir, "--out", out,
+                      "--net", "loopback", "--repeats", 1, "--scenarios", "static",
+                      "-dd", data_dir, "--out", out,
                       timeout=300)
     assert proc.returncode == 1
     assert "rep 1 loopback sync failed" in proc.stderr
