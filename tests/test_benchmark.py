@@ -1,8 +1,11 @@
-"""esync-benchmark: options, the plan of runs, tuning, the report on synthetic logs, and short
-real runs (a local cluster for esync and sync plus standalone SGD; a tuning grid on standalone
-SGD) whose report is checked against the logs. No wall-clock time is asserted."""
+"""esync-benchmark: options, the plan of runs (repeats, seeds, scenarios, emulation, the time
+estimate), tuning, the statistics over repeats (median, min–max, overlaps, Table 1) on hand-made
+numbers, the report on synthetic logs, and short real runs (a local cluster for esync and sync
+plus standalone SGD; a tuning grid on standalone SGD) whose report is checked against the logs.
+No wall-clock time is asserted."""
 import csv
 import json
+import os
 import re
 import subprocess
 import sys
@@ -14,7 +17,7 @@ import pytest
 from support import write_fashion_dir
 from esync import benchmark
 from esync.analysis import summary as summary_mod
-from esync.benchmark import metrics, options, plan, report, shaping
+from esync.benchmark import emulation, metrics, options, plan, report, runs, shaping, stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "analysis"))
 import logmaker  # noqa: E402
@@ -24,7 +27,8 @@ SCRIPT = REPO / "scripts" / "benchmark.py"
 ROWS = ("esync-mean", "sync", "local")
 SLOWDOWNS = (1.0, 2.0)
 FLAGS = {"--aggregation", "--outer-momentum", "--nesterov", "--net", "--bandwidth",
-         "--server-bandwidth", "--hosts"}
+         "--server-bandwidth", "--hosts", "--emulation", "--cpu-share", "--speed-schedule"}
+OLD_FLAGS = FLAGS - {"--emulation", "--cpu-share", "--speed-schedule"}
 
 
 def run_script(*args, timeout=900):
@@ -41,8 +45,16 @@ def data_dir(tmp_path_factory):
 
 @pytest.fixture
 def full_launcher(monkeypatch):
-    """A launcher with the aggregation and namespace options, and namespaces possible."""
+    """A launcher with the aggregation, namespace, emulation and speed-schedule options, and
+    namespaces possible."""
     monkeypatch.setattr(options, "launcher_flags", lambda: FLAGS)
+    monkeypatch.setattr(options, "netns_possible", lambda flags: None)
+
+
+@pytest.fixture
+def old_launcher(monkeypatch):
+    """A launcher from before CPU caps: no --emulation, no --speed-schedule."""
+    monkeypatch.setattr(options, "launcher_flags", lambda: OLD_FLAGS)
     monkeypatch.setattr(options, "netns_possible", lambda flags: None)
 
 
@@ -55,9 +67,12 @@ def args_for(data_dir, tmp_path, *extra):
 @pytest.fixture(scope="module")
 def bench(data_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench-out") / "report"
+    # One repeat of the static scenario, SSGD within the budget: the file's time stays where it
+    # was; repeats, scenarios and Table 1 are checked on the plan and on hand-made numbers.
     proc = run_script("--workers", 2, "--slowdown", "1,2", "--budget", 8,
                       "--modes", "esync,sync,local", "--aggregations", "mean", "--target", 0.5,
-                      "--tune-lr", "none", "--no-niid", "--net", "loopback",
+                      "--tune-lr", "none", "--no-niid", "--net", "loopback", "--repeats", 1,
+                      "--scenarios", "static", "--sync-cap-seconds", 8,
                       "-dd", data_dir, "--out", out)
     return proc, out
 
@@ -117,7 +132,9 @@ def test_report_numbers_agree_with_the_summaries(bench):
     text = (out / "report.md").read_text()
     summaries = {name: summary_of(out, name) for name in ROWS}
     local_tp = throughput_from_devices(summaries["local"])
-    limit = min(sum(local_tp / f for f in SLOWDOWNS), 2 * local_tp)   # this machine: 2 cores
+    # A capped standalone run (one x1 device: `share` of a core) gets tp / share per core.
+    share = json.loads((out / "benchmark.json").read_text())["emulation"]["standalone"]["share"]
+    limit = min(sum(local_tp / f for f in SLOWDOWNS), 2 * local_tp / (share or 1))  # 2 cores
     assert f"= **{limit:.1f} samples/s**" in text
     for name in ROWS:
         cells, s = results_row(text, "loopback", name), summaries[name]
@@ -141,10 +158,24 @@ def test_only_esync_asks_the_state_server(bench):
     assert requests["sync"] == 0 < requests["esync-mean"]
 
 
-def test_speedup_table_csv_has_one_row_per_row_name(bench):
-    with open(bench[1] / "tables" / "loopback" / "speedup.csv", newline="") as fp:
-        rows = {r["mode"]: r for r in csv.DictReader(fp)}
+def test_results_csv_has_one_row_per_row_name(bench):
+    with open(bench[1] / "tables" / "results.csv", newline="") as fp:
+        rows = {r["row"]: r for r in csv.DictReader(fp)}
     assert sorted(rows) == sorted(ROWS) and rows["esync-mean"]["label"] == "ESync (mean)"
+    assert {r["setting"] for r in rows.values()} == {"loopback"}
+
+
+def test_report_says_which_emulation_ran(bench):
+    """This checkout's launcher writes no cluster.json unless it has caps: the report says
+    what the runs' cluster.json files say, or that the launcher predates them."""
+    out = bench[1]
+    text = (out / "report.md").read_text()
+    folders = [out / "loopback" / "rep1" / n / "lenet" / {"esync-mean": "esync"}.get(n, n)
+               for n in ("esync-mean", "sync")]
+    kinds = {(emulation.read_cluster(f) or {}).get("emulation") or emulation.OLDER
+             for f in folders}
+    assert len(kinds) == 1
+    assert f"- emulation: **{kinds.pop()}** in every cluster run" in text
 
 
 def test_accuracy_figure_is_linked_from_the_report(bench):
@@ -163,8 +194,8 @@ def test_existing_report_folder_is_not_reused(bench, data_dir):
 def test_tuning_runs_the_grid_then_the_full_run_with_the_best_value(data_dir, tmp_path):
     out = tmp_path / "tuned"
     proc = run_script("--modes", "local", "--tune-lr", "0.0001,0.02", "--tune-budget", 3,
-                      "--budget", 3, "--net", "loopback", "--target", 0.5, "-dd", data_dir,
-                      "--out", out, timeout=600)
+                      "--budget", 3, "--net", "loopback", "--target", 0.5, "--repeats", 1,
+                      "-dd", data_dir, "--out", out, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads((out / "benchmark.json").read_text())
     scores = data["tuning"]["local"]["scores"]
@@ -178,7 +209,9 @@ def test_a_failing_run_is_reported_and_the_others_still_run(data_dir, tmp_path):
     # A job timeout shorter than start-up: each run is stopped and reported as failed.
     proc = run_script("--workers", 2, "--slowdown", "1,2", "--budget", 8, "--modes",
                       "sync,local", "--job-timeout", 2, "--tune-lr", "none", "--no-niid",
-                      "--net", "loopback", "-dd", data_dir, "--out", out, timeout=300)
+                      "--net", "loopback", "--repeats", 1, "--scenarios", "static",
+                      "-dd", data_dir, "--out", out,
+                      timeout=300)
     assert proc.returncode == 1
     assert "rep 1 loopback sync failed" in proc.stderr
     failures = (out / "report.md").read_text().split("## Failures")[1]
@@ -250,16 +283,21 @@ def test_aggregations_parse_into_row_names_labels_and_flags():
                                 "--nesterov", "-gl", "0.7"]
 
 
-def test_default_target_and_grid(data_dir, tmp_path, full_launcher):
+def test_defaults(data_dir, tmp_path, full_launcher):
     args = args_for(data_dir, tmp_path)
-    assert (args.target, args.lr_grid) == (0.85, [0.0003, 0.001, 0.003])
+    assert (args.target, args.lr_grid, args.repeats, args.budget, args.tune_budget) == (
+        0.80, [0.0003, 0.001, 0.003], 3, 40.0, 10.0)
+    assert [a.slug for a in args.aggregation_list] == ["weighted-nesterov0.9-gl0.7", "mean"]
+    assert (args.scenario_list, args.emulation, args.cpu_share) == (
+        ["static", "shifting"], "auto", None)
+    assert plan.sync_cap(args) == 120.0
 
 
 # ----------------------------------------------------------------------------- planning
 
 def test_rows_per_aggregation_rule_and_split(data_dir, tmp_path, full_launcher):
     args = args_for(data_dir, tmp_path, "--modes", "esync,sync,local",
-                    "--aggregations", "mean,weighted+nesterov=0.9")
+                    "--aggregations", "mean,weighted+nesterov=0.9", "--scenarios", "static")
     assert [(r.name, r.label) for r in plan.rows(args)] == [
         ("esync-mean", "ESync (mean)"),
         ("esync-weighted-nesterov0.9", "ESync (weighted + Nesterov 0.9)"),
@@ -283,7 +321,8 @@ RATES = {"worker": ["150mbit"], "server": "150mbit"}
 
 
 def test_shaped_setting_passes_the_namespace_options(data_dir, tmp_path, full_launcher):
-    args = args_for(data_dir, tmp_path, "--modes", "sync", "--hosts", "1,1,2", "--no-niid")
+    args = args_for(data_dir, tmp_path, "--modes", "sync", "--hosts", "1,1,2", "--no-niid",
+                    "--repeats", "1", "--scenarios", "static")
     settings = plan.settings(args, RATES)
     jobs = plan.full_jobs(args, tmp_path, plan.rows(args), settings, {"sync": 0.001})
     assert [j.setting.name for j in jobs] == ["loopback", "netns"]
@@ -294,7 +333,8 @@ def test_shaped_setting_passes_the_namespace_options(data_dir, tmp_path, full_la
 
 def test_standalone_and_by_class_rows_run_in_the_first_setting_only(data_dir, tmp_path,
                                                                     full_launcher):
-    args = args_for(data_dir, tmp_path, "--modes", "sync,local", "--repeats", "2")
+    args = args_for(data_dir, tmp_path, "--modes", "sync,local", "--repeats", "2",
+                    "--scenarios", "static")
     jobs = plan.full_jobs(args, tmp_path, plan.rows(args), plan.settings(args, RATES),
                           {"sync": 0.001, "local": 0.001, "sync-niid": 0.0003})
     rep1 = [(j.setting.name, j.name) for j in jobs if j.rep == 1]
@@ -306,7 +346,7 @@ def test_standalone_and_by_class_rows_run_in_the_first_setting_only(data_dir, tm
 def test_tuning_runs_each_row_on_its_own_data_with_each_value(data_dir, tmp_path,
                                                                 full_launcher):
     args = args_for(data_dir, tmp_path, "--modes", "async,dcasgd", "--tune-lr", "0.01,0.001",
-                    "--tune-budget", "5")
+                    "--tune-budget", "5", "--scenarios", "static")
     jobs = plan.tuning_jobs(args, tmp_path, plan.rows(args), plan.settings(args, RATES)[0])
     assert [(j.row.group, j.lr, j.budget) for j in jobs] == [
         ("async", 0.001, 5.0), ("async", 0.01, 5.0), ("dcasgd", 0.001, 5.0),
@@ -326,7 +366,7 @@ def test_tuning_runs_each_row_on_its_own_data_with_each_value(data_dir, tmp_path
     (("--no-niid",), [0]), (("--niid",), [0, 1]), (("--data", "iid", "--no-niid"), [0]),
     (("--data", "by-class-shuffled"), [2]), (("--data", "iid,by-class-shuffled"), [0, 2])])
 def test_data_option_picks_the_splits(data_dir, tmp_path, full_launcher, flags, splits):
-    args = args_for(data_dir, tmp_path, "--modes", "sync,local", *flags)
+    args = args_for(data_dir, tmp_path, "--modes", "sync,local", "--scenarios", "static", *flags)
     assert args.splits == splits
     assert sorted({r.split for r in plan.rows(args)}) == splits
     assert "--data" in options.canonical_command(args)
@@ -405,51 +445,68 @@ def test_tc_rates_read_back(text, bit_s):
     assert shaping.rate_bit_s(text) == bit_s
 
 
-def test_cells_give_mean_and_std_over_repeats():
-    assert benchmark._cell([2.0, 4.0, None], ".1f") == "3.0 ± 1.4"
-    assert benchmark._cell([None], ".2f") == "n/a"
-
-
 # ----------------------------------------------------------------------------- report
 
+# Per setting and row: seconds added to logmaker's evaluation times in repeats 1 and 2.
+SHIFTS = {"loopback": {"esync-mean": (0, 1), "sync": (0, 2)},
+          "netns": {"esync-mean": (-1, 0), "sync": (0, 2)},
+          "shifting": {"esync-mean-dynamic": (0, 1), "esync-mean-planned": (1.5, 1.5)}}
+
+
 @pytest.fixture
-def synthetic_report(data_dir, tmp_path, full_launcher):
-    """report.render over logmaker's logs: esync (mean), sync, local; two settings, where ESync
-    is 1 s faster on the shaped links (its logs shifted by -1 s)."""
+def synthetic(data_dir, tmp_path, full_launcher):
+    """report.render over logmaker's logs, two repeats: esync (mean), sync, local in two network
+    settings, and the shifting scenario's rows. Budget 4 s, target 0.80; SSGD's static runs are
+    extended (their records after 4 s count only for Table 1). Evaluation times are shifted per
+    repeat by ``SHIFTS``: loopback ESync reaches 0.80 at 2 s and 3 s, shaped links at 1 s and
+    2 s; SSGD at 6 s and 8 s (after the budget); standalone SGD at 0.75 s in both."""
     args = args_for(data_dir, tmp_path, "--modes", "esync,sync,local", "--aggregations", "mean",
-                    "--no-niid", "--tune-lr", "0.001,0.003")
+                    "--no-niid", "--tune-lr", "0.001,0.003", "--repeats", "2", "--budget", "4")
     out = Path(args.out)
-    rows = {r.name: r for r in plan.rows(args)}
+    rows = plan.rows(args)
     settings = plan.settings(args, RATES)
     jobs = []
-    for setting in settings:
-        for name, row in rows.items():
-            if setting.name == "netns" and name == "local":
-                continue
-            root = out / setting.name / name
-            mode_dir = logmaker.write_mode(root, row.mode if row.mode != "esync" else "esync")
-            if setting.name == "netns" and row.mode == "esync":
-                logmaker.write_evaluations(mode_dir, [(r, t - 1, a) for r, t, a
-                                                      in logmaker.EVALUATIONS["esync"]])
-            job = plan.Job(row=row, setting=setting, rep=1, lr=0.001, root=root,
-                           folder=mode_dir, argv=["python", "-m", "esync.launch"],
-                           log=out / "runs" / f"{setting.name}-{name}.log", budget=1)
-            job.summary = summary_mod.summarize(mode_dir)
-            jobs.append(job)
+    for rep in (1, 2):
+        for setting in settings:
+            for row in rows:
+                if row.scenario != setting.scenario or (setting.name == "netns"
+                                                        and row.name == "local"):
+                    continue
+                root = out / setting.name / f"rep{rep}" / row.name
+                mode_dir = logmaker.write_mode(root, row.mode)
+                shift = SHIFTS[setting.name].get(row.name, (0, 0))[rep - 1]
+                if row.mode != "local":
+                    logmaker.write_evaluations(mode_dir, [(r, t + shift, a) for r, t, a
+                                                          in logmaker.EVALUATIONS[row.mode]])
+                job = plan.Job(row=row, setting=setting, rep=rep, lr=0.001, root=root,
+                               folder=mode_dir, argv=["python", "-m", "esync.launch"],
+                               log=out / "runs" / f"{setting.name}-{row.name}.log", budget=4,
+                               seed=rep, returncode=0,
+                               extended=row.mode == "sync" and setting.scenario == "static")
+                job.summary = summary_mod.summarize(mode_dir)
+                jobs.append(job)
     tune = [synthetic_job(tmp_path, "sync", lr, s) for lr, s in ((0.001, -0.3), (0.003, 0))]
     results = metrics.results(args, jobs, [s.name for s in settings])
-    labels = {r.name: r.label for r in rows.values()}
+    labels = {r.name: r.label for r in rows}
     shaping_info = {"reference": shaping.REFERENCE, "ratio": shaping.RATIO,
                     "measured": {"model_bytes": 1_724_320, "compute_s": 0.02},
                     "derived_bit_s": shaping.matching_rate_bit_s(1_724_320, 0.02),
                     "derived": "111mbit", "worker": ["111mbit"], "server": "111mbit",
                     "auto": True}
+    standalone = {"capped": False, "share": None, "reason": "--emulation sleep"}
     text = report.render(args, jobs=jobs, tune_jobs=[], results=results, settings=settings,
-                         names=list(rows), labels=labels,
+                         names=[r.name for r in rows if r.scenario == "static"], labels=labels,
                          tuning=metrics.best_learning_rates(tune), shaping=shaping_info,
                          written=[], problems=[], command="esync-benchmark",
-                         started=datetime(2026, 1, 1), seconds=60)
-    return text
+                         started=datetime(2026, 1, 1), seconds=60,
+                         emulation=emulation.survey(jobs), standalone=standalone)
+    return {"text": text, "args": args, "jobs": jobs, "results": results, "out": out,
+            "standalone": standalone, "emulation": emulation.survey(jobs)}
+
+
+@pytest.fixture
+def synthetic_report(synthetic):
+    return synthetic["text"]
 
 
 def side_by_side_row(text, name):
@@ -458,11 +515,72 @@ def side_by_side_row(text, name):
     return [c.strip() for c in line.strip().strip("|").split("|")]
 
 
-def test_report_shows_both_settings_side_by_side(synthetic_report):
-    # logmaker: esync reaches 0.85 at 3 s (2 s shaped), sync never; local at 0.875 s.
+def section_row(text, heading, name):
+    section = text.split(heading)[1].split("\n## ")[0]
+    line = next(ln for ln in section.splitlines() if f"(`{name}`)" in ln)
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def test_report_shows_medians_and_ranges_side_by_side(synthetic_report):
+    # SSGD cut at the 4 s budget never reached 0.80 (its median: > 4 s): a lower bound.
     assert side_by_side_row(synthetic_report, "esync-mean")[1:] == [
-        "3.0", "n/a", "0.29× (over Standalone SGD)", "0.860",
-        "2.0", "n/a", "0.44× (over Standalone SGD)", "0.860"]
+        "2.5 (2.0–3.0)", "> 1.60×", "0.30× (over Standalone SGD)", "0.860 (0.860–0.860)",
+        "1.5 (1.0–2.0)", "> 2.67×", "0.50× (over Standalone SGD)", "0.860 (0.860–0.860)"]
+    # Not reached within the budget: at most 0.75 s / 4 s as fast as standalone SGD; its final
+    # accuracy is the last record within the budget: 0.7 at 4 s, 0.4 at 4 s (+2 s).
+    assert side_by_side_row(synthetic_report, "sync")[1:5] == [
+        "not reached", "n/a", "< 0.19× (over Standalone SGD)", "0.550 (0.400–0.700)"]
+
+
+def test_table1_gives_ssgd_its_longer_run(synthetic_report):
+    heading = "## Table 1: time to 0.80 test accuracy and speedup over SSGD"
+    assert "SSGD ran until it reached 0.80 or for at most **12 s**" in synthetic_report
+    assert section_row(synthetic_report, heading, "sync")[1:] == [
+        "7.0 (6.0–8.0)", "—", "7.0 (6.0–8.0)", "—"]
+    assert section_row(synthetic_report, heading, "esync-mean")[1:] == [
+        "2.5 (2.0–3.0)", "2.80×", "1.5 (1.0–2.0)", "4.67×"]
+    assert section_row(synthetic_report, heading, "local")[1:3] == ["0.8 (0.8–0.8)", "9.33×"]
+    assert "- loopback: SSGD reached 0.80 in every run." in synthetic_report
+
+
+def test_shifting_scenario_has_its_own_table(synthetic_report):
+    heading = "## Scenario: a fast device slows down (shifting)"
+    assert "device cpu1 becomes 6× slower after 2 s" in synthetic_report
+    assert "`--speed-schedule cpu1:1@0,6@2`" in synthetic_report
+    dynamic = section_row(synthetic_report, heading, "esync-mean-dynamic")
+    planned = section_row(synthetic_report, heading, "esync-mean-planned")
+    assert dynamic[1:4] == ["2.5 (2.0–3.0)", "2.40×", "0.860 (0.860–0.860)"]
+    assert planned[1:3] == ["3.5 (3.5–3.5)", "1.71×"]
+    names = [ln.split("(`")[1].split("`")[0] for ln in
+             synthetic_report.split(heading)[1].split("\n## ")[0].splitlines()
+             if ln.startswith("| ") and "(`" in ln]
+    assert names == ["esync-mean-dynamic", "esync-mean-planned", "sync"]
+
+
+def test_report_says_the_emulation_and_the_standalone_cap(synthetic):
+    text = synthetic["text"]
+    assert ("- emulation: **sleep (older launcher)** in every cluster run (no run wrote a "
+            "cluster.json: the launcher predates them)") in text
+    assert "- standalone SGD: uncapped, a whole core and one thread (--emulation sleep)" in text
+
+
+def test_benchmark_json_keeps_every_repeat_and_the_aggregates(synthetic):
+    args = synthetic["args"]
+    report.write_outputs(args, synthetic["text"], jobs=synthetic["jobs"], tune_jobs=[],
+                         results=synthetic["results"], tuning=None, shaping=None, problems=[],
+                         command="esync-benchmark", started=datetime(2026, 1, 1), seconds=1,
+                         emulation=synthetic["emulation"], standalone=synthetic["standalone"])
+    data = json.loads((synthetic["out"] / "benchmark.json").read_text())
+    loop = data["settings"]["loopback"]
+    assert [m["time_to_target"] for m in loop["rows"]["esync-mean"]] == [2.0, 3.0]
+    assert [m["time_to_target_uncut"] for m in loop["rows"]["sync"]] == [6.0, 8.0]
+    assert loop["aggregates"]["esync-mean"]["time"] == {
+        "median": 2.5, "min": 2.0, "max": 3.0, "n": 2, "reached": 2, "values": [2.0, 3.0]}
+    assert loop["aggregates"]["sync"]["time"]["median"] is None          # not reached: null
+    assert loop["aggregates"]["esync-mean"]["vs_sync"] == {
+        "value": 1.6, "bound": ">", "overlap": False, "other": "sync"}
+    assert data["config"]["seeds"] == [1, 2]
+    assert sorted({(r["rep"], r["seed"]) for r in data["runs"]}) == [(1, 1), (2, 2)]
 
 
 def test_report_gives_the_grid_with_the_chosen_rate_in_bold(synthetic_report):
@@ -495,3 +613,499 @@ def test_device_columns_name_the_host_only_where_two_hosts_share_a_device_name()
     devices = ["host0/cpu0", "host1/cpu1", "host2/cpu2", "vm/cpu0"]
     assert _device_headers(devices, per_rep) == [
         "host0/cpu0 (×1)", "cpu1 (×1)", "cpu2 (×4)", "vm/cpu0 (×1)"]
+
+
+def test_report_physical_limit_under_cpu_caps():
+    """A capped standalone run is one x1 device with `share` of a core: a core gives tp/share."""
+    local = {"_totals": {"throughput": 100.0}}
+    limit = metrics.physical_limit(local, [1, 1, 4, 8], cores=2, share=0.5)
+    assert (limit["devices_sum"], limit["cores_bound"], limit["cluster_limit"]) == (
+        237.5, 400.0, 237.5)
+    line = report._limit_line([limit], {"capped": True, "share": 0.5})[0]
+    assert "= **237.5 samples/s**" in line and "capped at 0.5 core" in line
+
+
+# ----------------------------------------------------------------------------- statistics
+
+def test_median_and_range_count_a_missed_target_as_slower_than_any_time():
+    t = stats.spread([30.0, None, 40.0], censored=True)
+    assert (t.median, t.low, t.high, t.n, t.reached) == (40.0, 30.0, stats.INF, 3, 2)
+    assert stats.time_cell(t) == "40.0 (30.0–not reached; 2/3 reached)"
+    half = stats.spread([30.0, None, None], censored=True)
+    assert stats.time_cell(half) == "not reached (1/3 runs did; fastest 30.0)"
+    assert stats.time_cell(stats.spread([31.25], censored=True)) == "31.2"
+    assert stats.value_cell(stats.spread([0.85, 0.87, None, 0.86]), ".3f") == \
+        "0.860 (0.850–0.870)"
+
+
+def test_ranges_overlap_where_they_share_a_point():
+    def s(*v):
+        return stats.spread(v, censored=True)
+    assert stats.overlap(s(10, 20), s(15, 30)) and stats.overlap(s(10, 20), s(20, 30))
+    assert not stats.overlap(s(10, 12), s(13, 20))
+    assert stats.overlap(s(10, None), s(None, None))       # both missed it somewhere
+    assert not stats.overlap(s(10, 11), s(None, None))
+
+
+def test_speedups_are_ratios_of_medians_and_say_when_ranges_overlap():
+    def s(*v):
+        return stats.spread(v, censored=True)
+    clear = stats.speedup(s(10, 11, 12), s(20, 22, 24), row_horizon=60, reference_horizon=60)
+    assert stats.speedup_cell(clear) == "2.00×"
+    # One slow repeat (30 s) puts the row's range over the reference's: not a clear win.
+    noisy = stats.speedup(s(10, 11, 30), s(20, 22, 24), row_horizon=60, reference_horizon=60)
+    assert stats.speedup_cell(noisy) == "2.00× (ranges overlap: not a clear win)"
+    lower = stats.speedup(s(10, 10, 10), s(None, None, 50), row_horizon=60,
+                          reference_horizon=100)
+    assert stats.speedup_cell(lower) == "> 10.00×"
+    upper = stats.speedup(s(None, None, 50), s(20, 20, 20), row_horizon=40,
+                          reference_horizon=40)
+    assert stats.speedup_cell(upper) == "< 0.50×"
+    # The row's median missed the target, but one repeat beat the reference's time.
+    lucky = stats.speedup(s(None, 15, None), s(20, 20, 20), row_horizon=40,
+                          reference_horizon=40)
+    assert stats.speedup_cell(lucky) == "< 0.50× (ranges overlap: not a clear loss)"
+    assert stats.speedup(s(None), s(None), row_horizon=1, reference_horizon=1) is None
+
+
+def metrics_for(times, accuracies=None):
+    accuracies = accuracies or [0.8] * len(times)
+    return [None if t == "failed" else {
+        "time_to_target": t, "final_accuracy": a, "throughput": 100.0,
+        "throughput_fraction": 0.5, "mean_computing_time_ratio": 0.7,
+        "traffic_bytes_per_s": 1e6, "state_requests_per_round": 0.0}
+        for t, a in zip(times, accuracies)]
+
+
+def test_best_other_is_chosen_by_median_not_by_mean():
+    # ESync: 10, 11, 100 (mean 40, median 11); ASGD 12 each; SSGD 30 each.
+    per_rep = {"esync-mean": metrics_for([10, 11, 100]), "sync": metrics_for([30, 30, 30]),
+               "async": metrics_for([12, 12, 12])}
+    rows = stats.aggregate(per_rep, horizon=60)
+    best = rows["async"]["vs_best_other"]
+    assert (best.other, round(best.value, 3)) == ("esync-mean", round(11 / 12, 3))
+    assert stats.speedup_cell(best, {"esync-mean": "ESync"}, name_other=True) == \
+        "0.92× (over ESync; ranges overlap: not a clear loss)"
+    assert stats.speedup_cell(rows["esync-mean"]["vs_sync"]) == \
+        "2.73× (ranges overlap: not a clear win)"
+    assert rows["sync"]["vs_sync"] is None
+
+
+def test_aggregates_leave_failed_repeats_out():
+    per_rep = {"sync": metrics_for([30, "failed", 34], [0.7, None, 0.9])}
+    row = stats.aggregate(per_rep, horizon=60)["sync"]
+    assert (row["runs"], row["ok"], row["time"].median, row["accuracy"].median) == (
+        3, 2, 32.0, 0.8)
+
+
+def test_table1_bounds_the_speedup_when_ssgd_misses_the_target_within_its_cap():
+    def reps(uncut, cut=None):
+        return [{"time_to_target": c, "time_to_target_uncut": u}
+                for u, c in zip(uncut, cut or [None] * len(uncut))]
+    per_rep = {"esync-mean": reps([20, 20, 25], [20, 20, 25]),
+               "sync": reps([None, None, 110]), "async": reps([None] * 3),
+               "sync-niid": reps([5, 5, 5], [5, 5, 5])}
+    rows = stats.table1(per_rep, budget=40, sync_cap=120)
+    assert [r["name"] for r in rows] == ["sync", "esync-mean", "async"]     # i.i.d., SSGD first
+    by = {r["name"]: r for r in rows}
+    assert stats.time_cell(by["sync"]["time"], by["sync"]["horizon"]) == \
+        "not reached in 120 s (1/3 runs did; fastest 110.0)"
+    assert stats.speedup_cell(by["esync-mean"]["vs_sync"]) == "> 6.00×"
+    assert by["async"]["vs_sync"] is None
+    per_rep["sync"] = reps([60, 70, 80])
+    by = {r["name"]: r for r in stats.table1(per_rep, budget=40, sync_cap=120)}
+    assert stats.speedup_cell(by["esync-mean"]["vs_sync"]) == "3.50×"
+    assert stats.speedup_cell(by["async"]["vs_sync"]) == "< 1.75×"     # 70 s / its 40 s
+
+
+def test_table1_section_from_hand_made_numbers(data_dir, tmp_path, full_launcher):
+    args = args_for(data_dir, tmp_path, "--scenarios", "static", "--net", "loopback")
+    per_rep = {"sync": [{"time_to_target": None, "time_to_target_uncut": None}] * 3,
+               "esync-mean": [{"time_to_target": t} for t in (20, 22, 30)]}
+    results = {"loopback": {"table1": stats.table1(per_rep, budget=40, sync_cap=120)}}
+    text = "\n".join(report.table1_section(args, results, plan.settings(args, None),
+                                           {"sync": "SSGD", "esync-mean": "ESync (mean)"}))
+    assert "| ESync (mean) (`esync-mean`) | 22.0 (20.0–30.0) | > 5.45× |" in text
+    assert "| SSGD (`sync`) | not reached in 120 s | — |" in text
+    assert ("- loopback: SSGD did not reach 0.80 within 120 s in 3 of 3 run(s) (its median "
+            "did not reach it): each speedup is a lower bound") in text
+
+
+def test_a_longer_run_is_cut_at_its_first_record_at_or_after_the_budget():
+    """A run with the budget stops (and checkpoints) at the first round after it; SSGD's longer
+    run stands in with its first checkpoint at or after the budget, never fewer records."""
+    summary = {"_evaluator": {"elapsed_time_list": [2.0, 3.5, 5.0, 7.0],
+                              "accuracy_list": [0.5, 0.7, 0.81, 0.9]}}
+    assert metrics.accuracy_until(summary, 4.0) == ([2.0, 3.5, 5.0], [0.5, 0.7, 0.81])
+    assert metrics.accuracy_until(summary, 5.0) == ([2.0, 3.5, 5.0], [0.5, 0.7, 0.81])
+    assert metrics.accuracy_until(summary, 9.0)[0] == [2.0, 3.5, 5.0, 7.0]
+    m = metrics.run_metrics(summary, metrics.physical_limit(None, [1]), standalone=False,
+                            target=0.8, horizon=4.0)
+    assert (m["final_accuracy"], m["time_to_target"], m["time_to_target_uncut"],
+            m["cut_s"], m["last_record_s"]) == (0.81, 5.0, 5.0, 5.0, 7.0)
+    m = metrics.run_metrics(summary, metrics.physical_limit(None, [1]), standalone=False,
+                            target=0.85, horizon=4.0)
+    assert (m["time_to_target"], m["time_to_target_uncut"]) == (None, 7.0)
+    # The figures end with the runs that kept the budget, not with SSGD's longer ones.
+    per_rep = {"sync": [{"horizon": 4.0, "last_record_s": 7.0}],
+               "esync": [{"horizon": None, "last_record_s": 4.5}, None]}
+    assert report.figure_end(per_rep, ["sync", "esync"]) == 4.5
+
+
+def test_phase_throughput_splits_the_samples_at_the_switch():
+    summary = {"h": {"cpu0": {"elapsed_time_list": [1, 2, 3, 4], "num_samples_list": [10] * 4},
+                     "cpu1": {"elapsed_time_list": [2, 4], "num_samples_list": [5, 5]}}}
+    assert metrics.phase_throughput(summary, 2.0) == (12.5, 12.5)
+    assert metrics.phase_throughput(summary, 3.0) == (35 / 3, 15 / 1)
+
+
+def test_accuracy_band_is_median_and_min_max_on_the_union_of_record_times():
+    from esync.analysis import compare
+    grid, mid, low, high = compare.accuracy_band(
+        [([1, 3], [0.2, 0.6]), ([1, 2, 3], [0.4, 0.5, 0.9]), ([2, 4], [0.1, 0.3])], xmax=3)
+    # From 2 s, where every repeat has begun; each interpolated between its own records.
+    assert list(grid) == [2, 3]
+    assert [round(v, 6) for v in mid] == [0.4, 0.6]
+    assert [round(v, 6) for v in low] == [0.1, 0.2]
+    assert [round(v, 6) for v in high] == [0.5, 0.9]
+    # A repeat that ended keeps its last accuracy.
+    grid, mid, _, _ = compare.accuracy_band([([1, 2], [0.5, 0.6]), ([1, 3], [0.4, 0.8])])
+    assert (list(grid), [round(v, 6) for v in mid]) == ([1, 2, 3], [0.45, 0.6, 0.7])
+
+
+def test_accuracy_figure_draws_the_median_and_a_band(tmp_path):
+    from matplotlib.figure import Figure
+
+    from esync.analysis import compare
+    summaries = [summary_mod.summarize(logmaker.write_mode(tmp_path / str(i), "sync"))
+                 for i in range(2)]
+    logmaker.write_evaluations(Path(tmp_path / "1" / logmaker.NETWORK / "sync"),
+                               [(2, 2.0, 0.6), (4, 4.0, 0.9)])
+    summaries[1] = summary_mod.summarize(tmp_path / "1" / logmaker.NETWORK / "sync")
+    fig = Figure()
+    assert compare.draw_accuracy_bands(fig, {"sync": summaries}, {"sync": "SSGD"}, title="t",
+                                       xmax=4, marks={"slows": 2.0})
+    ax = fig.axes[0]
+    lines = {ln.get_gid(): list(zip(ln.get_xdata(), ln.get_ydata())) for ln in ax.get_lines()}
+    assert [(t, round(a, 6)) for t, a in lines["sync"]] == [(2.0, 0.5), (4.0, 0.8)]
+    assert lines["mark-slows"][0][0] == 2.0
+    assert [c.get_gid() for c in ax.collections] == ["sync-band"]
+    assert ax.get_legend().get_texts()[0].get_text() == "SSGD (median of 2)"
+
+
+# ----------------------------------------------------------------------------- repeats, scenarios
+
+def test_repeats_use_a_seed_each_and_tuning_runs_once(data_dir, tmp_path, full_launcher):
+    args = args_for(data_dir, tmp_path, "--modes", "sync,local", "--no-niid", "--net",
+                    "loopback", "--scenarios", "static", "--seed", "7", "--tune-lr",
+                    "0.001,0.003")
+    rows = plan.rows(args)
+    jobs = plan.full_jobs(args, tmp_path, rows, plan.settings(args, None),
+                          {"sync": 0.001, "local": 0.003})
+    seeds = {(j.name, j.rep): j.argv[j.argv.index("--seed") + 1] for j in jobs}
+    assert seeds == {("sync", 1): "7", ("sync", 2): "8", ("sync", 3): "9",
+                     ("local", 1): "7", ("local", 2): "8", ("local", 3): "9"}
+    assert len({j.root for j in jobs}) == 6 and len({j.log for j in jobs}) == 6
+    tune = plan.tuning_jobs(args, tmp_path, rows)
+    assert [(j.name, j.lr, j.argv[j.argv.index("--seed") + 1]) for j in tune] == [
+        ("sync", 0.001, "7"), ("sync", 0.003, "7"), ("local", 0.001, "7"),
+        ("local", 0.003, "7")]
+
+
+def test_ssgd_runs_on_to_the_target_or_its_cap_in_the_static_iid_rows(data_dir, tmp_path,
+                                                                        full_launcher):
+    args = args_for(data_dir, tmp_path, "--modes", "sync,async", "--repeats", "1",
+                    "--sync-cap-seconds", "150")
+    jobs = plan.full_jobs(args, tmp_path, plan.rows(args), plan.settings(args, RATES),
+                          {"sync": 0.001, "async": 0.001, "sync-niid": 0.001,
+                           "async-niid": 0.001})
+    extended = {(j.setting.name, j.name) for j in jobs if j.extended}
+    assert extended == {("loopback", "sync"), ("netns", "sync")}
+    for job in jobs:
+        argv = job.argv
+        budget = argv[argv.index("--max-seconds") + 1]
+        if job.extended:
+            assert (budget, argv[argv.index("--target-accuracy") + 1]) == ("150.0", "0.8")
+        else:
+            assert budget == "40.0" and "--target-accuracy" not in argv
+
+
+def test_shifting_rows_slow_the_second_fast_device_halfway(data_dir, tmp_path, full_launcher):
+    args = args_for(data_dir, tmp_path, "--budget", "60", "--repeats", "1", "--no-niid")
+    rows = plan.rows(args)
+    shifting = [r for r in rows if r.scenario == "shifting"]
+    assert [(r.name, r.group) for r in shifting] == [
+        ("esync-weighted-nesterov0.9-gl0.7-dynamic", "esync-weighted-nesterov0.9-gl0.7"),
+        ("esync-weighted-nesterov0.9-gl0.7-planned", "esync-weighted-nesterov0.9-gl0.7"),
+        ("sync", "sync"), ("async", "async")]
+    lrs = {r.group: 0.001 * (i + 1) for i, r in enumerate(rows)}
+    jobs = [j for j in plan.full_jobs(args, tmp_path, rows, plan.settings(args, RATES), lrs)
+            if j.setting.name == "shifting"]
+    assert [j.name for j in jobs] == [r.name for r in shifting]
+    for job in jobs:
+        argv = job.argv
+        assert argv[argv.index("--speed-schedule") + 1] == "cpu1:1@0,6@30"
+        assert job.budget == 60 and not job.extended and "--net" not in argv
+        assert argv[argv.index(job.row.lr_flag) + 1] == repr(lrs[job.row.group])
+    policies = [j.argv[j.argv.index("--policy") + 1] for j in jobs[:2]]
+    assert policies == ["dynamic", "planned"]
+    static = [j for j in plan.full_jobs(args, tmp_path, rows, plan.settings(args, RATES), lrs)
+              if j.setting.name != "shifting"]
+    assert static and all("--speed-schedule" not in j.argv for j in static)
+    # Tuning runs once per group: the shifting rows add none.
+    assert len(plan.tuning_jobs(args, tmp_path, rows)) == 3 * 6
+
+
+def test_shifting_schedule_follows_the_factors(data_dir, tmp_path, full_launcher):
+    args = args_for(data_dir, tmp_path, "--workers", "3", "--slowdown", "2,4,3", "--budget",
+                    "30")
+    assert plan.shift_schedule(args) == ("cpu2", "cpu2:3@0,18@15", 15.0)
+
+
+def test_shifting_is_left_out_where_the_launcher_cannot(data_dir, tmp_path, old_launcher):
+    args = args_for(data_dir, tmp_path)
+    assert args.scenario_list == ["static"]
+    assert args.scenario_notice == ("shifting scenario left out: this checkout's esync-cluster "
+                                    "has no --speed-schedule option")
+    assert all(r.scenario == "static" for r in plan.rows(args))
+    with pytest.raises(options.UsageError, match="--scenarios shifting: this checkout's"):
+        args_for(data_dir, tmp_path, "--scenarios", "shifting")
+
+
+def test_scenarios_option(data_dir, tmp_path, full_launcher):
+    args = args_for(data_dir, tmp_path, "--scenarios", "shifting", "--modes", "esync,local")
+    assert {r.scenario for r in plan.rows(args)} == {"shifting"}
+    assert [s.name for s in plan.settings(args, RATES)] == ["shifting"]
+    assert "--scenarios shifting" in options.canonical_command(args)
+    with pytest.raises(options.UsageError, match="--scenarios: 'static,windy' is not"):
+        args_for(data_dir, tmp_path, "--scenarios", "static,windy")
+
+
+# ----------------------------------------------------------------------------- emulation
+
+def test_emulation_flags_reach_the_cluster_runs_only(data_dir, tmp_path, full_launcher):
+    args = args_for(data_dir, tmp_path, "--modes", "sync,local", "--no-niid", "--net",
+                    "loopback", "--cpu-share", "0.5", "--repeats", "1")
+    jobs = plan.full_jobs(args, tmp_path, plan.rows(args), plan.settings(args, None),
+                          {"sync": 0.001, "local": 0.001})
+    by = {j.name: j.argv for j in jobs}
+    assert by["sync"][by["sync"].index("--emulation"):][:4] == [
+        "--emulation", "auto", "--cpu-share", "0.5"]
+    assert "--emulation" not in by["local"] and "--cpu-share" not in by["local"]
+    assert "--emulation auto --cpu-share 0.5" in options.canonical_command(args)
+
+
+def test_an_older_launcher_gets_no_emulation_flags(data_dir, tmp_path, old_launcher):
+    args = args_for(data_dir, tmp_path)
+    assert args.emulation_argv == [] and not args.launcher_emulation
+    for flag in (("--emulation", "cpu-cap"), ("--cpu-share", "0.5")):
+        with pytest.raises(options.UsageError, match="has no --emulation option"):
+            args_for(data_dir, tmp_path, *flag)
+
+
+def test_cpu_cap_asked_for_where_impossible_names_why(data_dir, tmp_path, full_launcher,
+                                                      monkeypatch):
+    monkeypatch.setattr(emulation, "cgroups_unavailable", lambda: "no cpu controller here")
+    with pytest.raises(options.UsageError,
+                       match="--emulation cpu-cap: no cpu controller here; use --emulation"):
+        args_for(data_dir, tmp_path, "--emulation", "cpu-cap")
+
+
+class FakeCgroups:
+    """esync.launch.cgroups's API, recording what the benchmark asks of it."""
+    ONE_COMPUTE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+
+    class CgroupsUnavailable(Exception):
+        pass
+
+    def __init__(self, available=True):
+        self.available, self.calls = available, []
+
+    def default_share(self, factors, cores, reserve=0.5):
+        self.calls.append(("default_share", list(factors), cores))
+        return round((cores - reserve) / sum(1 / f for f in factors), 4)
+
+    def CpuCaps(self):
+        if not self.available:
+            raise self.CgroupsUnavailable("CPU caps unavailable: not root")
+        fake = self
+
+        class Caps:
+            def cap(self, device, cores):
+                fake.calls.append(("cap", device, cores))
+
+            def exec_prefix(self, device):
+                return ["/bin/sh", "-c", "in-group", device]
+
+            def close(self):
+                fake.calls.append(("close",))
+        return Caps()
+
+
+def standalone_jobs(args, tmp_path):
+    return plan.full_jobs(args, tmp_path, plan.rows(args), plan.settings(args, None),
+                          {"sync": 0.001, "local": 0.001})
+
+
+def test_standalone_runs_under_the_x1_devices_cap(data_dir, tmp_path, full_launcher,
+                                                  monkeypatch):
+    fake = FakeCgroups()
+    monkeypatch.setattr(emulation, "_cgroups", lambda: (fake, None))
+    monkeypatch.setattr(emulation, "cores_here", lambda: 2)
+    args = args_for(data_dir, tmp_path, "--modes", "sync,local", "--no-niid", "--net",
+                    "loopback", "--repeats", "1")
+    jobs = standalone_jobs(args, tmp_path)
+    with emulation.StandaloneCap(args) as cap:
+        cap.apply(jobs)
+    by = {j.name: j for j in jobs}
+    share = round(1.5 / (1 + 1 + 1 / 4 + 1 / 8), 4)                  # 0.6316
+    assert fake.calls == [("default_share", [1.0, 1.0, 4.0, 8.0], 2),
+                          ("cap", "standalone", share), ("close",)]
+    assert by["local"].prefix == ["/bin/sh", "-c", "in-group", "standalone"]
+    env = plan.child_env(by["local"])
+    assert (env["OMP_NUM_THREADS"], env["OPENBLAS_NUM_THREADS"]) == ("1", "1")
+    assert by["sync"].prefix == [] and "OPENBLAS_NUM_THREADS" not in by["sync"].env
+    assert cap.info == {"capped": True, "share": share, "reason": None,
+                        "env": FakeCgroups.ONE_COMPUTE_THREAD_ENV}
+
+
+def test_the_given_cpu_share_caps_the_standalone_run(data_dir, tmp_path, full_launcher,
+                                                     monkeypatch):
+    fake = FakeCgroups()
+    monkeypatch.setattr(emulation, "_cgroups", lambda: (fake, None))
+    args = args_for(data_dir, tmp_path, "--modes", "local", "--net", "loopback",
+                    "--no-niid", "--cpu-share", "0.4")
+    with emulation.StandaloneCap(args) as cap:
+        pass
+    assert ("cap", "standalone", 0.4) in fake.calls and cap.share == 0.4
+
+
+@pytest.mark.parametrize("launcher, flags, available, reason", [
+    ("full", ("--emulation", "sleep"), True, "--emulation sleep"),
+    ("full", (), False, "CPU caps unavailable: CPU caps unavailable: not root"),
+    ("old", (), True, "the launcher has no --emulation option")])
+def test_standalone_falls_back_to_a_whole_core_and_says_why(
+        data_dir, tmp_path, monkeypatch, launcher, flags, available, reason):
+    monkeypatch.setattr(options, "launcher_flags",
+                        lambda: FLAGS if launcher == "full" else OLD_FLAGS)
+    monkeypatch.setattr(options, "netns_possible", lambda flags: None)
+    fake = FakeCgroups(available)
+    monkeypatch.setattr(emulation, "_cgroups", lambda: (fake, None))
+    args = args_for(data_dir, tmp_path, "--modes", "sync,local", "--no-niid", "--net",
+                    "loopback", *flags)
+    jobs = standalone_jobs(args, tmp_path)
+    with emulation.StandaloneCap(args) as cap:
+        cap.apply(jobs)
+    assert cap.share is None and cap.info["reason"].startswith(reason)
+    assert all(j.prefix == [] for j in jobs)
+
+
+def test_a_missing_cgroups_module_means_no_caps(monkeypatch):
+    import builtins
+    real = builtins.__import__
+
+    def no_cgroups(name, *a, **k):
+        if name == "esync.launch.cgroups":
+            raise ImportError("No module named 'esync.launch.cgroups'")
+        return real(name, *a, **k)
+    monkeypatch.setattr(builtins, "__import__", no_cgroups)
+    assert "no usable esync.launch.cgroups" in emulation.cgroups_unavailable()
+
+
+def test_run_job_starts_the_program_behind_its_prefix(tmp_path):
+    row = plan.Row(name="local", label="Standalone SGD", mode="local", split=0, group="local")
+    job = plan.Job(row=row, setting=plan.LOOPBACK, rep=1, lr=0.1, root=tmp_path,
+                   folder=tmp_path / "none", argv=["from", "the", "program"],
+                   log=tmp_path / "out.log", budget=1, prefix=["/bin/echo", "prefixed"])
+    runs.run_job(job, runs.Progress(1, stream=open(os.devnull, "w")))
+    assert job.returncode == 0
+    assert job.log.read_text().splitlines()[-1] == "prefixed from the program"
+
+
+def write_cluster_json(folder, **info):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / emulation.CLUSTER_FILE).write_text(json.dumps(info))
+
+
+def survey_of(tmp_path, infos):
+    jobs = []
+    for i, info in enumerate(infos):
+        row = plan.Row(name="sync", label="SSGD", mode="sync", split=0, group="sync")
+        folder = tmp_path / f"run{i}"
+        if info is not None:
+            write_cluster_json(folder, **info)
+        jobs.append(plan.Job(row=row, setting=plan.LOOPBACK, rep=1, lr=0.1, root=folder,
+                             folder=folder, argv=[], log=folder / "log", budget=1,
+                             returncode=0))
+    return emulation.survey(jobs)
+
+
+PLACEMENT = [{"device": "cpu0", "host": "h", "shard": 0, "classes": None, "slowdown": 1.0,
+              "cpu_cores": 0.63}, {"device": "cpu1", "host": "h", "shard": 1,
+                                   "classes": None, "slowdown": 4.0, "cpu_cores": 0.1575}]
+
+
+def test_emulation_is_read_from_each_runs_cluster_json(tmp_path):
+    seen = survey_of(tmp_path, [{"emulation": "cpu-cap", "cpu_share": 0.63,
+                                 "placement": PLACEMENT}] * 2)
+    lines = emulation.describe(seen, {"capped": True, "share": 0.63})
+    assert lines[0] == ("- emulation: **cpu-cap** in every cluster run; share S = 0.63 core "
+                        "per ×1 device (a ×F device gets S/F) (read from each run's "
+                        "cluster.json)")
+    assert lines[1].startswith("- standalone SGD: capped at 0.63 core")
+    assert lines[2] == "- placement (first full run): cpu0 ×1: 0.63 core, cpu1 ×4: 0.1575 core"
+    assert not any("mismatch" in ln for ln in lines)
+
+
+def test_emulation_mismatches_are_named(tmp_path):
+    capped = survey_of(tmp_path / "a", [{"emulation": "cpu-cap", "cpu_share": 0.5}, None])
+    lines = emulation.describe(capped, {"capped": False, "reason": "not root"})
+    assert lines[0].startswith("- emulation: **mixed**: ")
+    assert "cpu-cap in 1 run(s)" in lines[0] and "sleep (older launcher) in 1 run(s)" in lines[0]
+    assert any("**mismatch**: the cluster ran capped but the standalone run did not" in ln
+               for ln in lines)
+    other = emulation.describe(survey_of(tmp_path / "b", [{"emulation": "cpu-cap",
+                                                           "cpu_share": 0.5}]),
+                               {"capped": True, "share": 0.63})
+    assert any("differs from the standalone run's (0.63)" in ln for ln in other)
+
+
+# ----------------------------------------------------------------------------- the estimate
+
+def test_estimate_is_the_budgets_plus_the_measured_overhead(data_dir, tmp_path, full_launcher):
+    args = args_for(data_dir, tmp_path, "--modes", "sync,local", "--no-niid", "--repeats", "2",
+                    "--scenarios", "static", "--tune-lr", "0.001")
+    rows = plan.rows(args)
+    jobs = plan.tuning_jobs(args, tmp_path, rows) + plan.full_jobs(
+        args, tmp_path, rows, plan.settings(args, RATES), {"sync": 0.001, "local": 0.001})
+    # tuning: sync 10 + 20.6, local 10 + (10 + 5); per repeat: sync loopback 120 + 21.8,
+    # netns 120 + 24.1 (SSGD's cap: 3 x 40), local 40 + (10 + 20).
+    expected = (30.6 + 25) + 2 * (141.8 + 144.1 + 70) + plan.FIXED_OVERHEAD_S
+    assert plan.estimate(jobs)["total_s"] == pytest.approx(expected)
+
+
+def test_the_default_benchmark_fits_in_100_minutes_on_2_cores(data_dir, tmp_path,
+                                                              full_launcher):
+    args = args_for(data_dir, tmp_path)
+    rows = plan.rows(args)
+    settings = plan.settings(args, RATES)
+    jobs = plan.tuning_jobs(args, tmp_path, rows) + plan.full_jobs(
+        args, tmp_path, rows, settings, {r.group: 0.001 for r in rows})
+    per_repeat = [(j.setting.name, j.name) for j in jobs if j.rep == 1]
+    assert len(per_repeat) == 20 and {s.name for s in settings} == {"loopback", "netns",
+                                                                     "shifting"}
+    assert len([j for j in jobs if j.tuning]) == 33 and args.repeats == 3
+    assert plan.estimate(jobs)["total_s"] <= 100 * 60
+
+
+def test_dry_run_prints_the_plan_and_the_estimate(data_dir, tmp_path, full_launcher, capsys):
+    out = tmp_path / "dry"
+    assert benchmark.main(["-dd", str(data_dir), "--out", str(out), "--dry-run", "--modes",
+                           "sync", "--no-niid", "--net", "loopback", "--tune-lr", "none",
+                           "--repeats", "2", "--scenarios", "static"]) == 0
+    text = capsys.readouterr().out
+    assert ("plan: 2 full run(s): 2 repeat(s) (seeds 1, 2) × 1 (loopback 1) of 40 s; SSGD's 1 "
+            "i.i.d. run(s) per repeat until 0.80 or 120 s") in text
+    minutes = (2 * (120 + 21.8) + plan.FIXED_OVERHEAD_S) / 60
+    assert f"estimated time: {minutes:.0f} min" in text
+    assert "[rep 2 loopback sync] python -m esync.launch -m sync" in text and not out.exists()

@@ -1,6 +1,9 @@
 """Figures that compare named rows (a mode and its variant, e.g. ``ESync (fednova)``) across
 network settings: what the benchmark report shows. The drawer's figures compare mode folders.
 
+Over repeated runs a row is drawn as its median accuracy over time with a min–max band: one run
+alone says little on a shared machine, and the band shows how far the repeats spread.
+
 Every function draws into a matplotlib ``Figure`` it is given and returns whether it drew
 anything, so callers and tests can read the plotted data back from the figure's axes.
 """
@@ -9,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import matplotlib
+import numpy as np
 from matplotlib.figure import Figure
 
 from esync.common import modes
@@ -56,6 +60,74 @@ def draw_accuracy_rows(fig: Figure, summaries: dict[str, dict], labels: dict[str
     ax.set_ylabel("Test accuracy")
     ax.set_ylim(0, 1)
     ax.set_xlim(left=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="x-small")
+    ax.set_title(title)
+    return True
+
+
+def accuracy_band(series: list[tuple[list[float], list[float]]],
+                  xmax: float | None = None) -> tuple[np.ndarray, ...] | None:
+    """``(times, median, low, high)`` over repeats of one row.
+
+    Each repeat's accuracy is interpolated linearly between its own records, on the union of
+    every repeat's record times (up to ``xmax``), and keeps its last value after its last record
+    (a run that ended has that accuracy). The statistics start where every repeat has its first
+    record, so that they are always over all repeats (a median of whichever runs happen to have
+    begun would jump). None when no point has every repeat.
+    """
+    pairs = [sorted(zip(t, a)) for t, a in series if len(t)]
+    if not pairs:
+        return None
+    grid = np.unique(np.concatenate([[t for t, _ in p] for p in pairs]))
+    grid = grid[grid >= max(p[0][0] for p in pairs)]
+    if xmax is not None:
+        grid = grid[grid <= xmax]
+    if not len(grid):
+        return None
+    stack = np.vstack([np.interp(grid, [t for t, _ in p], [a for _, a in p]) for p in pairs])
+    return grid, np.median(stack, axis=0), stack.min(axis=0), stack.max(axis=0)
+
+
+def draw_accuracy_bands(fig: Figure, repeats: dict[str, list[dict]], labels: dict[str, str], *,
+                        title: str, target: float | None = None, xmax: float | None = None,
+                        marks: dict[str, float] | None = None) -> bool:
+    """Median test accuracy over time of each row across its repeats (``repeats[row]``: one
+    summary per repeat), with a min–max band (gid ``<row>-band``) when there are several.
+    ``marks``: vertical lines (label -> seconds), e.g. when a device slowed down."""
+    styles = row_styles(list(repeats))
+    ax = fig.add_subplot()
+    drawn = False
+    for name, summaries in repeats.items():
+        series = [s for s in (accuracy_series(x) for x in summaries) if s is not None]
+        band = accuracy_band([(s[0], s[1]) for s in series], xmax)
+        if band is None:
+            continue
+        grid, mid, low, high = band
+        # Markers only where the line is too short to see (a point or two).
+        style = dict(styles[name], marker=styles[name]["marker"] if len(grid) < 3 else None)
+        n = len(series)
+        ax.plot(grid, mid, gid=name, label=labels.get(name, name)
+                + (f" (median of {n})" if n > 1 else ""), **style)
+        if n > 1:
+            ax.fill_between(grid, low, high, color=style["color"], alpha=0.15, linewidth=0,
+                            gid=f"{name}-band")
+        drawn = True
+    if not drawn:
+        return False
+    if target is not None:
+        ax.axhline(target, color="0.6", linewidth=0.8, linestyle=":", gid="target",
+                   label=f"target {target:g}")
+    for text, seconds in (marks or {}).items():
+        ax.axvline(seconds, color="0.3", linewidth=0.8, linestyle="--", gid=f"mark-{text}",
+                   label=text)
+    ax.set_xlabel("Time (s)")
+    ax.set_ylabel("Test accuracy")
+    ax.set_ylim(0, 1)
+    if xmax:
+        ax.set_xlim(0, xmax)
+    else:
+        ax.set_xlim(left=0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize="x-small")
     ax.set_title(title)

@@ -1,29 +1,42 @@
-"""Run every mode on the same emulated cluster and write one report folder.
+"""Run every mode on the same emulated cluster, several times, and write one report folder.
 
-    esync-benchmark                              # the default: tuned rates, loopback + shaped links
-    esync-benchmark --budget 20 --modes esync,sync,local --tune-lr none --net loopback
-    esync-benchmark --net netns --bandwidth 200mbit --server-bandwidth 200mbit --repeats 3
+    esync-benchmark                              # the default: ~90 min on 2 cores (see the plan)
+    esync-benchmark --dry-run                    # the plan, its commands and time estimate only
+    esync-benchmark --budget 8 --modes esync,sync,local --tune-lr none --net loopback \\
+        --data iid --repeats 2                   # a smoke run of a few minutes
 
 Rows: every mode of ``--modes``; ESync once per aggregation rule of ``--aggregations``
-(``ESync (fednova)``, ``ESync (weighted + Nesterov 0.9, gl 0.7)``, ...); with ``--data both``
-(the default) the cluster modes again on by-class data. Network settings (``--net both``, the default): loopback,
-and every host in its own network namespace with links shaped to the rate whose
-compute-to-communication ratio matches a real cluster (``shaping.py`` says how it is derived).
+(default ``weighted+nesterov=0.9+gl=0.7,mean``); with ``--data both`` (the default) the cluster
+modes again on by-class data, in the first network setting. Network settings (``--net both``,
+the default): loopback, and every host in its own network namespace with links shaped to the
+rate whose compute-to-communication ratio matches a real cluster (``shaping.py``). Scenarios
+(``--scenarios``, default both): static (all of the above) and shifting (loopback, i.i.d.:
+ESync under each policy, SSGD and ASGD while the second x1 device becomes 6x slower halfway).
 
 Order: with ``--tune-lr`` (a learning-rate grid), first a short run of every row with each value
-(first setting; a by-class row is tuned on by-class data, apart from its i.i.d. row); then the full runs, each row with its best value, one after the
-other, the same training-time budget each. Cluster modes run through the launcher as a
-subprocess (``python -m esync.launch ... --max-seconds BUDGET --quiet``), standalone SGD as
-``main.py -m local`` on one device at full speed. Afterwards every run is summarised and
-``OUT/report.md`` gives per row and setting: time to the target accuracy, speedup over SSGD and
-over the best other mode, final accuracy next to standalone SGD's, throughput (also as a
-fraction of the physical limit), computing-time ratio per device, traffic and state-server
-requests; ``OUT/benchmark.json`` holds the same numbers for programs. A run that fails is
-reported (its name and the tail of its output) and the others still run; the exit code is 1.
+on loopback (once, not per repeat; a by-class row is tuned on by-class data); then
+``--repeats`` rounds (default 3, seeds ``--seed``, ``--seed`` + 1, ...) of the full runs, each
+row with its best value, one after the other, the same training-time budget each; SSGD's i.i.d.
+runs go on until the target or ``--sync-cap-seconds`` (the paper's Table 1). Cluster modes run
+through the launcher (``python -m esync.launch ... --max-seconds BUDGET --emulation E
+--quiet``), standalone SGD as ``main.py -m local`` on one device, under the x1 device's CPU cap
+when the cluster runs capped (``emulation.py``). The plan printed at the start estimates the
+total time from the budgets and the per-run overhead measured in the last full report.
 
-Package layout: ``options`` (command line), ``plan`` (rows, settings, runs and their argv),
-``shaping`` (the shaped link rate), ``runs`` (subprocesses, progress), ``metrics`` (numbers from
-the summaries), ``report`` (report.md, benchmark.json, figures via ``esync.analysis.compare``).
+Afterwards every run is summarised and ``OUT/report.md`` gives, per row and setting, the median
+and min–max over the repeats of the time to the target accuracy and of the final accuracy,
+speedups (ratios of medians, saying where ranges overlap) over SSGD and over the best other
+mode, Table 1, median throughput (also as a fraction of the physical limit), computing-time
+ratio per device, traffic and state-server requests, the shifting scenario's table, which
+emulation ran; figures draw the median accuracy with a min–max band. ``OUT/benchmark.json``
+holds every repeat's numbers and the aggregates. A run that fails is reported (its name and the
+tail of its output) and the others still run; the exit code is 1.
+
+Package layout: ``options`` (command line), ``plan`` (rows, settings, runs, argv, estimate),
+``shaping`` (the shaped link rate), ``emulation`` (CPU caps: which ran, the standalone's),
+``runs`` (subprocesses, progress), ``metrics`` (numbers from the summaries), ``stats`` (median,
+ranges, speedups, Table 1), ``report`` (report.md, benchmark.json, CSV, figures via
+``esync.analysis.compare``).
 """
 from __future__ import annotations
 
@@ -34,6 +47,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+import esync.benchmark.emulation as emulation
 import esync.benchmark.metrics as metrics
 import esync.benchmark.plan as plan
 import esync.benchmark.report as report
@@ -45,13 +59,32 @@ from esync.benchmark.runs import Progress, run_job, tail
 __all__ = ["main", "parse_args", "canonical_command", "child_env", "UsageError"]
 
 
-def _run_all(jobs, progress: Progress, timeout: float | None) -> None:
+class Eta:
+    """Minutes left: the remaining runs' estimates, scaled by how the finished runs compared
+    with theirs (this machine today, whatever else runs on it)."""
+
+    def __init__(self, jobs):
+        self.left = sum(self.of(j) for j in jobs)
+        self.estimated = self.spent = 0.0
+
+    @staticmethod
+    def of(job) -> float:
+        return job.budget + plan.run_overhead(job)
+
+    def done(self, job) -> float:
+        self.left -= self.of(job)
+        self.estimated += self.of(job)
+        self.spent += job.seconds
+        return max(0.0, self.left) * (self.spent / self.estimated if self.estimated else 1.0)
+
+
+def _run_all(jobs, progress: Progress, timeout: float | None, eta: Eta) -> None:
     for job in jobs:
         progress.begin(job)
         run_job(job, progress, timeout)
         if job.error is None:
             metrics.summarise(job)
-        progress.end(job)
+        progress.end(job, eta.done(job))
 
 
 def chosen_rates(args, rows, tuning: dict | None) -> dict[str, float]:
@@ -61,6 +94,35 @@ def chosen_rates(args, rows, tuning: dict | None) -> dict[str, float]:
         best = (tuning or {}).get(row.group, {}).get("lr")
         rates.setdefault(row.group, best if best is not None else plan.default_lr(args, row))
     return rates
+
+
+def describe_plan(args, tune_jobs, jobs, settings) -> list[str]:
+    """What will run and how long it should take (printed at the start)."""
+    L = []
+    if tune_jobs:
+        groups = len({j.row.group for j in tune_jobs})
+        L.append(f"plan: {len(tune_jobs)} tuning run(s) ({groups} row(s) × "
+                 f"{len(args.lr_grid)} rates, {args.tune_budget:g} s each, on loopback, seed "
+                 f"{args.seed})")
+    first = [j for j in jobs if j.rep == 1]
+    per = ", ".join(f"{s.name} {sum(1 for j in first if j.setting.name == s.name)}"
+                    for s in settings)
+    seeds = ", ".join(str(args.seed + i) for i in range(args.repeats))
+    extended = sum(1 for j in first if j.extended)
+    L.append(f"plan: {len(jobs)} full run(s): {args.repeats} repeat(s) (seeds {seeds}) × "
+             f"{len(first)} ({per}) of {args.budget:g} s"
+             + (f"; SSGD's {extended} i.i.d. run(s) per repeat until {args.target:.2f} or "
+                f"{plan.sync_cap(args):g} s" if extended else ""))
+    est = plan.estimate(tune_jobs + jobs)
+    o = plan.OVERHEAD_S
+    fixed, share = plan.STANDALONE_OVERHEAD_S
+    L.append(f"estimated time: {est['total_s'] / 60:.0f} min = {est['training_s'] / 60:.0f} min "
+             f"of training (SSGD's cap counted in full) + {est['overhead_s'] / 60:.0f} min of "
+             f"start-up, scoring and summaries (per run: {o['loopback']:g} s on loopback, "
+             f"{o['netns']:g} s with shaped links, {o['tune']:g} s per tuning run, standalone "
+             f"{fixed:g} s + {share:g} × its budget; measured in the last full report) + "
+             f"{plan.FIXED_OVERHEAD_S / 60:.1f} min")
+    return L
 
 
 def main(argv=None) -> int:
@@ -73,23 +135,33 @@ def main(argv=None) -> int:
     command = shlex.join([PROG, *argv])
     out = Path(args.out).resolve()
     args.out = str(out)
-    out.mkdir(parents=True, exist_ok=True)
     started, t0 = datetime.now(), time.monotonic()
     rows = plan.rows(args)
     labels = {row.name: row.label for row in rows}
     problems: list[str] = []
-    if args.net_notice:
-        print(f"{PROG}: {args.net_notice}", file=sys.stderr)
+    for notice in (args.net_notice, args.scenario_notice):
+        if notice:
+            print(f"{PROG}: {notice}", file=sys.stderr)
     rates = None
-    if "netns" in args.net_list:
-        try:
-            rates = shaping.derive(args)
-        except (RuntimeError, OSError) as exc:
-            print(f"{PROG}: error: {exc}", file=sys.stderr)
-            return 1
+    if "netns" in args.net_list and "static" in args.scenario_list:
+        if args.dry_run:
+            rates = {"worker": args.bandwidths or ["auto"], "server": args.server_rate or "auto"}
+        else:
+            try:
+                rates = shaping.derive(args)
+            except (RuntimeError, OSError) as exc:
+                print(f"{PROG}: error: {exc}", file=sys.stderr)
+                return 1
     settings = plan.settings(args, rates)
-    tune_jobs = plan.tuning_jobs(args, out, rows, settings[0])
+    tune_jobs = plan.tuning_jobs(args, out, rows)
     planned = plan.full_jobs(args, out, rows, settings, chosen_rates(args, rows, None))
+    lines = describe_plan(args, tune_jobs, planned, settings)
+    if args.dry_run:
+        print("\n".join(f"{PROG}: {line}" for line in lines))
+        for job in tune_jobs + planned:
+            print(f"[{job.tag}] {shlex.join(plan.display_argv(job.argv))}")
+        return 0
+    out.mkdir(parents=True, exist_ok=True)
     progress = Progress(len(tune_jobs) + len(planned))
     if rates is not None:
         measured = rates.get("measured")
@@ -98,20 +170,28 @@ def main(argv=None) -> int:
                           f" (derived: {measured['model_bytes'] / 1e6:.3g} MB model, "
                           f"{measured['compute_s'] * 1e3:.1f} ms per iteration here)"
                           if measured else ""))
-    training = sum(j.budget for j in tune_jobs + planned)
-    progress.note(f"{len(tune_jobs)} tuning run(s) and {len(planned)} full run(s), "
-                  f"{training / 60:.0f} min of training in all; report in {out}")
+    for line in lines:
+        progress.note(line)
+    progress.note(f"report in {out}")
     previous = signal.signal(signal.SIGTERM, _sigterm)
-    jobs = []
+    jobs, tuning = [], None
+    eta = Eta(tune_jobs + planned)
+    cap = emulation.StandaloneCap(args)
     try:
-        _run_all(tune_jobs, progress, args.job_timeout)
-        tuning = metrics.best_learning_rates(tune_jobs) if tune_jobs else None
-        if tuning:
-            progress.note("learning rates: " + ", ".join(
-                f"{g} {e['lr']:g}" if e["lr"] is not None else f"{g} default"
-                for g, e in tuning.items()))
-        jobs = plan.full_jobs(args, out, rows, settings, chosen_rates(args, rows, tuning))
-        _run_all(jobs, progress, args.job_timeout)
+        with cap:
+            progress.note("standalone SGD: " + (
+                f"capped at {cap.share:g} core, like a ×1 device of the cluster"
+                if cap.share is not None else f"uncapped ({cap.reason})"))
+            cap.apply(tune_jobs)
+            _run_all(tune_jobs, progress, args.job_timeout, eta)
+            tuning = metrics.best_learning_rates(tune_jobs) if tune_jobs else None
+            if tuning:
+                progress.note("learning rates: " + ", ".join(
+                    f"{g} {e['lr']:g}" if e["lr"] is not None else f"{g} default"
+                    for g, e in tuning.items()))
+            jobs = plan.full_jobs(args, out, rows, settings, chosen_rates(args, rows, tuning))
+            cap.apply(jobs)
+            _run_all(jobs, progress, args.job_timeout, eta)
     except KeyboardInterrupt:
         progress.close()
         print(f"{PROG}: interrupted; the run in progress was stopped; no report", file=sys.stderr)
@@ -119,10 +199,15 @@ def main(argv=None) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
     progress.close()
-    results = metrics.results(args, jobs, [s.name for s in settings])
-    names = list(dict.fromkeys(row.name for row in rows))
+    if cap.problem:
+        problems.append(cap.problem)
+    standalone = cap.info
+    results = metrics.results(args, jobs, [s.name for s in settings],
+                              standalone_share=cap.share)
+    seen = emulation.survey(tune_jobs + jobs)
+    names = list(dict.fromkeys(row.name for row in rows if row.scenario == "static"))
     written = []
-    for what, make in (("speedup tables", lambda: report.write_tables(args, results, out)),
+    for what, make in (("tables", lambda: report.write_tables(args, results, out, labels)),
                        ("figures", lambda: report.draw(args, results, settings, labels, out))):
         try:
             written += make()
@@ -132,10 +217,13 @@ def main(argv=None) -> int:
     text = report.render(args, jobs=jobs, tune_jobs=tune_jobs, results=results,
                          settings=settings, names=names, labels=labels, tuning=tuning,
                          shaping=rates, written=written, problems=problems, command=command,
-                         started=started, seconds=seconds)
+                         started=started, seconds=seconds, emulation=seen,
+                         standalone=standalone)
     path = report.write_outputs(args, text, jobs=jobs, tune_jobs=tune_jobs, results=results,
                                 tuning=tuning, shaping=rates, problems=problems,
-                                command=command, started=started, seconds=seconds)
+                                command=command, started=started, seconds=seconds,
+                                emulation=seen, standalone=standalone,
+                                estimate=plan.estimate(tune_jobs + planned))
     print(f"{PROG}: report written to {path}")
     failed = [j for j in tune_jobs + jobs if not j.ok]
     for problem in problems:

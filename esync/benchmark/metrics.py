@@ -1,4 +1,5 @@
-"""The report's numbers: per run from its summary, the physical limit, the tuning's choice."""
+"""The report's numbers: per run from its summary, the physical limit, the tuning's choice, and
+per setting the aggregates over repeats (``stats``)."""
 from __future__ import annotations
 
 import math
@@ -7,8 +8,9 @@ import os
 from esync.common import modes
 from esync.analysis.summary import LogError, device_entries, load_summary, write_summary
 from esync.analysis.table import (accuracy_series, cluster_totals, final_accuracy, mean_std,
-                                  speedup_table)
-from esync.benchmark.plan import Job
+                                  time_to_accuracy)
+from esync.benchmark import stats
+from esync.benchmark.plan import Job, sync_cap
 
 __all__ = ["mean_std", "physical_limit", "run_metrics", "summarise", "best_learning_rates",
            "results"]
@@ -25,29 +27,78 @@ def summarise(job: Job) -> None:
 
 
 def physical_limit(local_summary: dict | None, slowdowns: list[float],
-                   cores: int | None = None) -> dict:
+                   cores: int | None = None, share: float | None = None) -> dict:
     """What the emulated cluster could process at most, in samples/s.
 
     Each device ``i`` can at best run at one device's standalone throughput ``tp`` over its
-    slow-down ``F_i``; and the emulated slow-down waits without using the CPU, so all of them
-    together can use at most the machine's cores: ``min(Σ tp / F_i, cores × tp)``.
+    slow-down ``F_i``, and all of them together can use at most the machine's cores:
+    ``min(Σ tp / F_i, cores × tp per core)``. Under the sleep emulation the slowed devices wait
+    without using the CPU and the standalone run has a whole core, so a core gives ``tp``. Under
+    CPU caps the standalone run had ``share`` of a core (the x1 device's cap), so a core gives
+    ``tp / share``; the caps are sized to fit the cores, so ``Σ tp / F_i`` is the limit.
     """
     cores = cores or os.cpu_count() or 1
+    empty = {"standalone_throughput": None, "cluster_limit": None, "devices_sum": None,
+             "cores_bound": None, "cores": cores, "share": share}
     if local_summary is None:
-        return {"standalone_throughput": None, "cluster_limit": None, "devices_sum": None,
-                "cores_bound": None, "cores": cores}
+        return empty
     tp = cluster_totals(local_summary).get("throughput")
     if tp is None:
-        return {"standalone_throughput": None, "cluster_limit": None, "devices_sum": None,
-                "cores_bound": None, "cores": cores}
+        return empty
     devices_sum = sum(tp / f for f in slowdowns)
-    cores_bound = cores * tp
+    cores_bound = cores * tp / (share or 1.0)
     return {"standalone_throughput": tp, "devices_sum": devices_sum, "cores_bound": cores_bound,
-            "cluster_limit": min(devices_sum, cores_bound), "cores": cores}
+            "cluster_limit": min(devices_sum, cores_bound), "cores": cores, "share": share}
 
 
-def run_metrics(summary: dict, limit: dict, *, standalone: bool) -> dict:
-    """The report's figures for one run, straight from its summary."""
+def accuracy_until(summary: dict, horizon: float | None) -> tuple[list, list] | None:
+    """The accuracy records in time order up to the first one at or after ``horizon`` seconds
+    (all when None).
+
+    A run with a budget stops at the first round that ends after it, and checkpoints there, so
+    its last record lies a little past the budget. A run that went on (SSGD for Table 1) has no
+    record at that round; its first checkpoint at or after the budget stands for it. That gives
+    it up to one checkpoint interval more training than a run with the budget: the cut errs in
+    SSGD's favour, never against it.
+    """
+    series = accuracy_series(summary)
+    if series is None:
+        return None
+    pairs = sorted(zip(series[0], series[1]))
+    if horizon is not None:
+        after = next((i for i, (t, _) in enumerate(pairs) if t >= horizon), None)
+        pairs = pairs if after is None else pairs[:after + 1]
+    return [t for t, _ in pairs], [a for _, a in pairs]
+
+
+def phase_throughput(summary: dict, switch: float) -> tuple[float | None, float | None]:
+    """Cluster samples/s before and after ``switch`` seconds (the shifting scenario's change):
+    samples of the rounds that ended by then over ``switch``, the rest over the remaining time."""
+    entries = [e for _, _, e in device_entries(summary)]
+    ends = [e["elapsed_time_list"][-1] for e in entries if e.get("elapsed_time_list")]
+    if not ends:
+        return None, None
+    wall = max(ends)
+    before = after = 0
+    for e in entries:
+        for t, n in zip(e.get("elapsed_time_list") or [], e.get("num_samples_list") or []):
+            if t <= switch:
+                before += n
+            else:
+                after += n
+    return (before / switch if switch > 0 else None,
+            after / (wall - switch) if wall > switch else None)
+
+
+def run_metrics(summary: dict, limit: dict, *, standalone: bool, target: float | None = None,
+                horizon: float | None = None, switch: float | None = None) -> dict:
+    """The report's figures for one run, straight from its summary.
+
+    ``horizon``: a run that went on past the common budget (SSGD for Table 1) is judged on its
+    records up to its first at or after the budget (time to target, final accuracy: see
+    ``accuracy_until``), and on all of them for ``time_to_target_uncut``. Throughput and traffic
+    are whole-run figures (steady state).
+    """
     t = cluster_totals(summary)
     bound = limit["standalone_throughput"] if standalone else limit["cluster_limit"]
     throughput = t.get("throughput")
@@ -58,7 +109,8 @@ def run_metrics(summary: dict, limit: dict, *, standalone: bool) -> dict:
             "computing_time_ratio": entry.get("computing_time_ratio"),
             "rounds": len(entry.get("num_samples_list") or [])}
     series = accuracy_series(summary)
-    return {
+    cut, whole = accuracy_until(summary, horizon), accuracy_until(summary, None)
+    found = {
         "throughput": throughput,
         "limit": bound,
         "throughput_fraction": (throughput / bound if throughput is not None and bound
@@ -68,10 +120,25 @@ def run_metrics(summary: dict, limit: dict, *, standalone: bool) -> dict:
         "state_requests_per_round": t.get("state_requests_per_round"),
         "mean_computing_time_ratio": t.get("mean_computing_time_ratio"),
         "wall_time": t.get("wall_time"), "samples": t.get("samples"),
-        "final_accuracy": final_accuracy(summary),
+        "final_accuracy": cut[1][-1] if cut and cut[1] else None,
+        "time_to_target": _time_to(cut, target),
+        "time_to_target_uncut": _time_to(whole, target),
+        "horizon": horizon,
+        # when the records the tables use end, and when the run's records end (figures)
+        "cut_s": cut[0][-1] if cut and cut[0] else None,
+        "last_record_s": whole[0][-1] if whole and whole[0] else None,
         "accuracy_source": None if series is None else series[2],
         "devices": devices,
     }
+    if switch is not None:
+        found["throughput_before"], found["throughput_after"] = phase_throughput(summary, switch)
+    return found
+
+
+def _time_to(series, target) -> float | None:
+    if series is None or target is None or not series[0]:
+        return None
+    return time_to_accuracy(series[0], series[1], target)
 
 
 def tuning_score(job: Job) -> float:
@@ -100,31 +167,51 @@ def best_learning_rates(jobs: list[Job]) -> dict[str, dict]:
     return groups
 
 
-def results(args, jobs: list[Job], setting_names: list[str]) -> dict:
-    """Per setting: runs by repeat, metrics per row and repeat, the speedup table."""
+def results(args, jobs: list[Job], setting_names: list[str], *,
+            standalone_share: float | None = None) -> dict:
+    """Per setting: runs by repeat, metrics per row and repeat, their aggregates (median,
+    min–max, speedups from medians) and, for the static settings, Table 1's rows.
+
+    The standalone run serves every static network setting (no network involved); the shifting
+    scenario compares only its own rows. ``standalone_share``: the CPU cap the standalone runs
+    had (None: a whole core), for the physical limit.
+    """
     by_setting = {}
-    labels = {job.row.name: job.row.label for job in jobs}
+    first = next((j.setting.name for j in jobs if j.setting.scenario == "static"), None)
     for name in setting_names:
-        mine = [j for j in jobs if j.setting.name == name
-                or (not modes.get(j.row.mode).cluster and name == setting_names[0])]
+        setting = next((j.setting for j in jobs if j.setting.name == name), None)
+        scenario = setting.scenario if setting else "static"
+        mine = [j for j in jobs if j.setting.name == name]
         runs = [{} for _ in range(args.repeats)]
         for job in mine:
             if job.ok:
                 runs[job.rep - 1][job.row.name] = job.summary
-        # The standalone run is shared by every setting (no network involved).
-        shared = [j for j in jobs if not modes.get(j.row.mode).cluster and j.ok]
+        shared = [j for j in jobs if j.standalone and j.setting.name == first] \
+            if scenario == "static" else []
         for job in shared:
-            runs[job.rep - 1].setdefault(job.row.name, job.summary)
+            if job.ok:
+                runs[job.rep - 1].setdefault(job.row.name, job.summary)
         names = list(dict.fromkeys(j.row.name for j in mine + shared))
-        limits = [physical_limit(run.get(modes.STANDALONE), args.slowdowns) for run in runs]
-        per_rep = {n: [run_metrics(run[n], limits[i], standalone=not modes.get(
-                           _mode_of(jobs, n)).cluster) if n in run else None
-                       for i, run in enumerate(runs)] for n in names}
-        table = speedup_table(runs, target=args.target, labels=labels) if any(runs) else []
-        by_setting[name] = {"runs": runs, "names": names, "limits": limits,
-                            "per_rep": per_rep, "table": table}
+        kind = {j.row.name: j for j in mine + shared}
+        limits = [physical_limit(run.get(modes.STANDALONE), args.slowdowns,
+                                 share=standalone_share) for run in runs]
+        switch = setting.switch_s if setting is not None else None
+        per_rep = {}
+        for n in names:
+            per_rep[n] = []
+            for i, run in enumerate(runs):
+                job = next((j for j in mine + shared if j.row.name == n and j.rep == i + 1),
+                           None)
+                if n not in run:
+                    per_rep[n].append(None)
+                    continue
+                per_rep[n].append(run_metrics(
+                    run[n], limits[i], standalone=kind[n].standalone, target=args.target,
+                    horizon=args.budget if job is not None and job.extended else None,
+                    switch=switch))
+        entry = {"scenario": scenario, "runs": runs, "names": names, "limits": limits,
+                 "per_rep": per_rep, "rows": stats.aggregate(per_rep, horizon=args.budget)}
+        if scenario == "static":
+            entry["table1"] = stats.table1(per_rep, budget=args.budget, sync_cap=sync_cap(args))
+        by_setting[name] = entry
     return by_setting
-
-
-def _mode_of(jobs: list[Job], row_name: str) -> str:
-    return next(j.row.mode for j in jobs if j.row.name == row_name)

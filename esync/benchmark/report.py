@@ -1,7 +1,11 @@
-"""The report folder: ``report.md`` (for people), ``benchmark.json`` (for programs), figures."""
+"""The report folder: ``report.md`` (for people), ``benchmark.json`` (for programs), figures,
+and ``tables/`` (CSV). Every compared figure is a median over repeats with its min–max range
+(``stats``); benchmark.json keeps every repeat's numbers beside the aggregates."""
 from __future__ import annotations
 
+import csv
 import json
+import math
 import os
 import platform
 import shlex
@@ -10,43 +14,34 @@ from datetime import datetime
 from pathlib import Path
 
 from esync.common import modes
-from esync.analysis.table import mean_std, time_cell, write_table
+from esync.benchmark import stats
+from esync.benchmark.emulation import describe as describe_emulation
 from esync.benchmark.options import canonical_command
-from esync.benchmark.plan import Job, Setting, display_argv
+from esync.benchmark.plan import SHIFTING, Job, Setting, display_argv, sync_cap
 from esync.benchmark.runs import tail
 from esync.benchmark.shaping import rate_bit_s
+from esync.benchmark.stats import speedup_cell, time_cell, value_cell
 from esync.common.files import atomic_write_text
 
 FIGURES_DIR = "figures"
+TABLES_DIR = "tables"
+OVERLAP_NOTE = ("Speedups are ratios of medians; \"ranges overlap\" marks a comparison whose two "
+                "min–max ranges over the repeats overlap: the difference is within what the "
+                "repeats vary by, not a clear win (or loss).")
 
 
 # ----------------------------------------------------------------------------- cells
 
-def _num(value, spec: str) -> str:
-    return "n/a" if value is None else format(value, spec)
-
-
-def _cell(values, spec: str, scale: float = 1.0) -> str:
-    """Mean (± sample std over repeats when there are several) of the values that exist."""
-    values = [v * scale for v in values if v is not None]
-    mean, std, n = mean_std(values)
-    if mean is None:
-        return "n/a"
-    return format(mean, spec) + (f" ± {format(std, spec)}" if n > 1 else "")
-
-
-def _speedup(value) -> str:
-    return "n/a" if value is None else f"{value:.2f}×"
-
-
-def _best_other(row: dict, labels: dict) -> str:
-    if row.get("speedup_vs_best_other") is None:
-        return "n/a"
-    return f"{row['speedup_vs_best_other']:.2f}× (over {labels.get(row['best_other'], row['best_other'])})"
+def _num(value, spec: str, scale: float = 1.0) -> str:
+    return "n/a" if value is None else format(value * scale, spec)
 
 
 def row_label(name: str, labels: dict) -> str:
     return f"{labels.get(name, name)} (`{name}`)"
+
+
+def _static(settings: list[Setting]) -> list[Setting]:
+    return [s for s in settings if s.scenario == "static"]
 
 
 # ----------------------------------------------------------------------------- sections
@@ -107,10 +102,11 @@ def tuning_section(args, tuning: dict | None, rows, labels: dict) -> list[str]:
     grid = args.lr_grid
     L += [f"Each row's learning rate (`-l`, or `-ll` for ESync: lr × the gradient summed over "
           f"the batch) is the best of the grid {', '.join(f'{v:g}' for v in grid)}: one short "
-          f"run ({args.tune_budget:g} s of training) per value on the first network setting, "
-          "on the row's own data split (a by-class row is tuned on by-class data); the best "
-          "final test accuracy wins (ties: the smaller rate). Shaped-link rows use the value "
-          "of their loopback row. Cells: the short run's final test accuracy; **bold**: "
+          f"run ({args.tune_budget:g} s of training) per value, once per row (not per repeat), "
+          f"on loopback with seed {args.seed}, on the row's own data split (a by-class row is "
+          "tuned on by-class data); the best final test accuracy wins (ties: the smaller rate). "
+          "Shaped-link rows use the value of their loopback row, the shifting scenario's rows "
+          "that of their static row. Cells: the short run's final test accuracy; **bold**: "
           "chosen.", "",
           "| Row | " + " | ".join(f"lr {v:g}" for v in grid) + " | Chosen |",
           "| --- |" + " ---: |" * (len(grid) + 1)]
@@ -127,77 +123,147 @@ def tuning_section(args, tuning: dict | None, rows, labels: dict) -> list[str]:
     return L
 
 
+def table1_section(args, results: dict, settings: list[Setting], labels: dict) -> list[str]:
+    """The paper's Table 1: time to the target and speedup over SSGD, SSGD given longer."""
+    static = [s for s in _static(settings) if results.get(s.name, {}).get("table1")]
+    if not static:
+        return []
+    cap = sync_cap(args)
+    L = [f"## Table 1: time to {args.target:.2f} test accuracy and speedup over SSGD", "",
+         f"As in the ESync paper's Table 1, on i.i.d. data. SSGD ran until it reached "
+         f"{args.target:.2f} or for at most **{cap:g} s** (`--sync-cap-seconds`, default 3 × "
+         f"the budget); every other row had the common {args.budget:g} s budget. Time: median "
+         f"over {args.repeats} repeat(s) (min–max); speedup: SSGD's median / the row's.", ""]
+    head, rule = "| Row |", "| --- |"
+    for s in static:
+        head += f" {s.name}: time to {args.target:.2f} (s) | {s.name}: speedup vs SSGD |"
+        rule += " ---: | ---: |"
+    L += [head, rule]
+    tables = {s.name: {r["name"]: r for r in results[s.name]["table1"]} for s in static}
+    names = list(dict.fromkeys(n for t in tables.values() for n in t))
+    for name in names:
+        cells = []
+        for s in static:
+            row = tables[s.name].get(name)
+            if row is None:
+                cells += ["—", "—"]
+                continue
+            speed = "—" if modes.family(name) == modes.BASELINE else speedup_cell(row["vs_sync"])
+            cells += [time_cell(row["time"], row["horizon"]), speed]
+        L.append(f"| {row_label(name, labels)} | " + " | ".join(cells) + " |")
+    L.append("")
+    for s in static:
+        sync = next((r for r in results[s.name]["table1"]
+                     if modes.family(r["name"]) == modes.BASELINE), None)
+        if sync is None:
+            L.append(f"- {s.name}: no SSGD run succeeded: no speedup.")
+        elif sync["time"].median == stats.INF:
+            L.append(f"- {s.name}: SSGD did not reach {args.target:.2f} within {cap:g} s in "
+                     f"{sync['time'].n - sync['time'].reached} of {sync['time'].n} run(s) (its "
+                     f"median did not reach it): each speedup is a lower bound, shown as \"> x\" "
+                     f"({cap:g} s / the row's median).")
+        elif sync["time"].reached < sync["time"].n:
+            L.append(f"- {s.name}: SSGD reached {args.target:.2f} within {cap:g} s in "
+                     f"{sync['time'].reached} of {sync['time'].n} runs; the median did.")
+        else:
+            L.append(f"- {s.name}: SSGD reached {args.target:.2f} in every run.")
+    L += ["- A row whose median did not reach the target within its budget gets an upper "
+          "bound, \"< x\" (SSGD's median / the budget).", "", OVERLAP_NOTE, ""]
+    return L
+
+
 def side_by_side(args, results: dict, settings: list[Setting], names: list[str],
                  labels: dict) -> list[str]:
+    static = _static(settings)
+    if not static:
+        return []
     L = ["## Results side by side", "",
-         f"Time to test accuracy {args.target:.2f} (s), speedup over SSGD of the same data "
-         "split, speedup over the fastest other mode (same split, or one device alone), final "
-         "test accuracy, per network setting.", ""]
+         f"Time to test accuracy {args.target:.2f} (s) within the {args.budget:g} s budget "
+         f"(SSGD's longer runs cut at their first checkpoint at or after it), speedup over SSGD "
+         "of the same data split, "
+         "speedup over the fastest other mode (same split, or one device alone), final test "
+         "accuracy, per network setting. Cells: median over the repeats (min–max).", ""]
     head, rule = "| Row |", "| --- |"
-    for s in settings:
+    for s in static:
         head += (f" {s.name}: time to {args.target:.2f} | {s.name}: vs SSGD "
                  f"| {s.name}: vs best other | {s.name}: final accuracy |")
         rule += " ---: | ---: | ---: | ---: |"
     L += [head, rule]
     for name in names:
         cells = []
-        for s in settings:
-            res = results[s.name]
-            row = {r["mode"]: r for r in res["table"]}.get(name)
-            metrics = [m for m in res["per_rep"].get(name, []) if m]
-            if row is None or not metrics:
+        for s in static:
+            agg = results[s.name]["rows"].get(name)
+            if agg is None or not agg["ok"]:
                 cells += ["—"] * 4
                 continue
-            cells += [time_cell(row), _speedup(row["speedup"]), _best_other(row, labels),
-                      _cell([m["final_accuracy"] for m in metrics], ".3f")]
+            cells += [time_cell(agg["time"]), speedup_cell(agg["vs_sync"]),
+                      speedup_cell(agg["vs_best_other"], labels, name_other=True),
+                      value_cell(agg["accuracy"], ".3f")]
         L.append(f"| {row_label(name, labels)} | " + " | ".join(cells) + " |")
-    L.append("")
+    L += ["", OVERLAP_NOTE, ""]
     return L
 
 
-def setting_section(args, setting: Setting, res: dict, labels: dict) -> list[str]:
-    names, per_rep = res["names"], res["per_rep"]
-    table = {row["mode"]: row for row in res["table"]}
+def _limit_line(limits: list[dict], standalone: dict) -> list[str]:
+    if not any(lim["cluster_limit"] is not None for lim in limits):
+        return ["Physical limit: n/a (no successful standalone run to measure one device's "
+                "throughput; add `local` to `--modes`).", ""]
+    cores = limits[0]["cores"]
+
+    def med(key):
+        return _num(stats.median([lim[key] for lim in limits]), ".1f")
+    if standalone.get("capped"):
+        share = standalone["share"]
+        return [f"Physical limit of the cluster: Σ over devices of one device's standalone "
+                f"throughput / its slow-down = **{med('cluster_limit')} samples/s** (one ×1 "
+                f"device, capped at {share:g} core like the cluster's: {med('standalone_throughput')} "
+                f"samples/s, from the standalone run; the caps of all devices fit in the "
+                f"{cores} cores: min({med('devices_sum')}, {cores} cores × "
+                f"{med('standalone_throughput')} / {share:g} = {med('cores_bound')})). Medians "
+                "over the repeats.", ""]
+    return [f"Physical limit of the cluster: min(Σ over devices of one device's standalone "
+            f"throughput / its slow-down, {cores} cores × one device's) = min("
+            f"{med('devices_sum')}, {med('cores_bound')}) = **{med('cluster_limit')} "
+            f"samples/s** (one device alone: {med('standalone_throughput')} samples/s, from "
+            "the standalone run; the emulated slow-down sleeps without using a core). Medians "
+            "over the repeats.", ""]
+
+
+def setting_section(args, setting: Setting, res: dict, labels: dict,
+                    standalone: dict) -> list[str]:
+    names, per_rep, rows = res["names"], res["per_rep"], res["rows"]
     L = [f"## Results: {setting.name}", "", f"{setting.label}.", ""]
-    limits = res["limits"]
-    if any(lim["cluster_limit"] is not None for lim in limits):
-        cores = limits[0]["cores"]
-        L += ["Physical limit of the cluster: min(Σ over devices of one device's standalone "
-              f"throughput / its slow-down, {cores} cores × one device's) = min("
-              f"{_cell([lim['devices_sum'] for lim in limits], '.1f')}, "
-              f"{_cell([lim['cores_bound'] for lim in limits], '.1f')}) = "
-              f"**{_cell([lim['cluster_limit'] for lim in limits], '.1f')} samples/s** "
-              f"(one device alone: {_cell([lim['standalone_throughput'] for lim in limits], '.1f')}"
-              " samples/s, from the standalone run; the emulated slow-down waits without using "
-              "a core).", ""]
-    else:
-        L += ["Physical limit: n/a (no successful standalone run to measure one device's "
-              "throughput; add `local` to `--modes`).", ""]
+    L += _limit_line(res["limits"], standalone)
+    local = next((rows[n] for n in names if modes.family(n) == modes.STANDALONE
+                  and rows[n]["ok"]), None)
     L += [f"| Mode | Time to {args.target:.2f} (s) | Speedup vs SSGD | Speedup vs best other "
           "| Final accuracy | Standalone SGD accuracy | Throughput (samples/s) "
           "| Fraction of physical limit | Traffic (MB/s pushed+pulled) "
           "| State-server requests per worker-round |",
           "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for name in names:
-        metrics = [m for m in per_rep[name] if m is not None]
-        if not metrics:
+        agg = rows[name]
+        if not agg["ok"]:
             L.append(f"| {row_label(name, labels)} | failed | | | | | | | | |")
             continue
-        row = table.get(name) or {"time_to_target_s": None, "runs_reached": 0, "runs": 0,
-                                  "speedup": None, "standalone_accuracy_mean": None}
-        frac = _cell([m["throughput_fraction"] for m in metrics], ".2f")
+        frac = _num(agg["throughput_fraction"], ".2f")
         if not modes.get(modes.family(name)).cluster:
             frac += " (one device: the reference)"
         L.append(" | ".join([
-            f"| {row_label(name, labels)}", time_cell(row) if row["runs"] else "n/a",
-            _speedup(row["speedup"]), _best_other(row, labels),
-            _cell([m["final_accuracy"] for m in metrics], ".3f"),
-            _num(row["standalone_accuracy_mean"], ".3f"),
-            _cell([m["throughput"] for m in metrics], ".1f"), frac,
-            _cell([m["traffic_bytes_per_s"] for m in metrics], ".2f", 1e-6),
-            _cell([m["state_requests_per_round"] for m in metrics], ".2f")]) + " |")
-    L += ["", "Final accuracy: the last scored checkpoint (the evaluator scores every one). "
-          "Throughput: samples processed by all workers / wall time. Traffic: bytes the "
+            f"| {row_label(name, labels)}", time_cell(agg["time"]),
+            speedup_cell(agg["vs_sync"]),
+            speedup_cell(agg["vs_best_other"], labels, name_other=True),
+            value_cell(agg["accuracy"], ".3f"),
+            "n/a" if local is None else value_cell(local["accuracy"], ".3f"),
+            _num(agg["throughput"], ".1f"), frac,
+            _num(agg["traffic_bytes_per_s"], ".2f", 1e-6),
+            _num(agg["state_requests_per_round"], ".2f")]) + " |")
+    L += ["", "Time to target and final accuracy: median (min–max) over the repeats that ran; "
+          "the other columns: medians. Final accuracy: the last scored checkpoint (the "
+          "evaluator scores every one; a run stops at the first round after its budget; SSGD's "
+          "longer runs: their first checkpoint at or after the budget). Throughput: samples "
+          "processed by all "
+          "workers / wall time (SSGD's longer runs: over the whole run). Traffic: bytes the "
           "workers pushed and pulled through the KVStore, as counted in the logs. "
           "State-server requests: HTTP calls per worker and round (ESync only).", ""]
     devices = sorted({d for n in names for m in per_rep[n] if m for d in m["devices"]})
@@ -206,21 +272,54 @@ def setting_section(args, setting: Setting, res: dict, labels: dict) -> list[str
     return L
 
 
+def shifting_section(args, setting: Setting, res: dict, labels: dict) -> list[str]:
+    names, rows, per_rep = res["names"], res["rows"], res["per_rep"]
+    switch = setting.switch_s
+    L = [f"## Scenario: a fast device slows down ({SHIFTING})", "",
+         f"{setting.label} (`{' '.join(setting.argv)}`): the situation ESync's dynamic policy "
+         "is for. The planned policy fixes each device's k from the speeds it measured at "
+         "first; the dynamic policy asks the state server during every round. Same budget, "
+         "seeds and learning rates as the static rows.", "",
+         f"| Row | Time to {args.target:.2f} (s) | Speedup vs SSGD | Final accuracy "
+         f"| Throughput before {switch:g} s | Throughput after | After / before |",
+         "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for name in names:
+        agg = rows[name]
+        if not agg["ok"]:
+            L.append(f"| {row_label(name, labels)} | failed | | | | | |")
+            continue
+        ms = [m for m in per_rep[name] if m]
+        before = stats.median([m.get("throughput_before") for m in ms])
+        after = stats.median([m.get("throughput_after") for m in ms])
+        ratio = stats.median([m["throughput_after"] / m["throughput_before"] for m in ms
+                              if m.get("throughput_before") and m.get("throughput_after")
+                              is not None])
+        L.append(" | ".join([
+            f"| {row_label(name, labels)}", time_cell(agg["time"]),
+            speedup_cell(agg["vs_sync"]), value_cell(agg["accuracy"], ".3f"),
+            _num(before, ".1f"), _num(after, ".1f"), _num(ratio, ".2f")]) + " |")
+    L += ["", f"Throughput: samples/s of all workers in rounds that ended before / after "
+          f"{switch:g} s (medians over the repeats). Time and accuracy: median (min–max).", "",
+          OVERLAP_NOTE, ""]
+    return L
+
+
 def _device_tables(names, per_rep, devices, labels) -> list[str]:
     headers = " | ".join(_device_headers(devices, per_rep))
     L = ["### Computing-time ratio per device", "",
-         "Time computing (emulated slow-down included) / wall time.", "",
-         "| Mode | " + headers + " | Mean |",
+         "Time computing (emulated slow-down included) / wall time; medians over the repeats.",
+         "", "| Mode | " + headers + " | Mean |",
          "| --- |" + " ---: |" * (len(devices) + 1)]
     for name in names:
         metrics = [m for m in per_rep[name] if m is not None]
         if not metrics:
             continue
-        cells = [_cell([m["devices"].get(d, {}).get("computing_time_ratio") for m in metrics],
-                       ".2f") for d in devices]
+        cells = [_num(stats.median([m["devices"].get(d, {}).get("computing_time_ratio")
+                                    for m in metrics]), ".2f") for d in devices]
         L.append(f"| {row_label(name, labels)} | "
                  + " | ".join("—" if c == "n/a" else c for c in cells) + " | "
-                 + _cell([m["mean_computing_time_ratio"] for m in metrics], ".2f") + " |")
+                 + _num(stats.median([m["mean_computing_time_ratio"] for m in metrics]), ".2f")
+                 + " |")
     L += ["", "### Throughput per device (samples/s)", "",
           "| Mode | " + headers + " |",
           "| --- |" + " ---: |" * len(devices)]
@@ -228,8 +327,8 @@ def _device_tables(names, per_rep, devices, labels) -> list[str]:
         metrics = [m for m in per_rep[name] if m is not None]
         if not metrics:
             continue
-        cells = [_cell([m["devices"].get(d, {}).get("throughput") for m in metrics], ".1f")
-                 for d in devices]
+        cells = [_num(stats.median([m["devices"].get(d, {}).get("throughput")
+                                    for m in metrics]), ".1f") for d in devices]
         L.append(f"| {row_label(name, labels)} | "
                  + " | ".join("—" if c == "n/a" else c for c in cells) + " |")
     L.append("")
@@ -255,8 +354,21 @@ def _with_slowdown(name: str, device: str, per_rep: dict) -> str:
 
 # ----------------------------------------------------------------------------- figures
 
+def _by_row(runs: list[dict], names) -> dict[str, list[dict]]:
+    return {n: [run[n] for run in runs if n in run] for n in names}
+
+
+def figure_end(per_rep: dict, names) -> float | None:
+    """Where accuracy figures end: the last record of the runs that kept the budget (runs stop
+    a little after it), so that SSGD's longer runs do not stretch the axis."""
+    ends = [m["last_record_s"] for n in names for m in per_rep.get(n, [])
+            if m and m.get("horizon") is None and m.get("last_record_s") is not None]
+    return max(ends) if ends else None
+
+
 def draw(args, results: dict, settings: list[Setting], labels: dict, out: Path) -> list[Path]:
-    """Accuracy over time per setting and data split; throughput and traffic side by side."""
+    """Accuracy over time (median and min–max band over repeats) per setting and data split,
+    the shifting scenario's with its change marked; throughput and traffic side by side."""
     import matplotlib
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
@@ -265,34 +377,46 @@ def draw(args, results: dict, settings: list[Setting], labels: dict, out: Path) 
     folder = out / FIGURES_DIR
     written = []
     for s in settings:
-        first = next((run for run in results[s.name]["runs"] if run), None)
-        if not first:
+        res = results[s.name]
+        if not any(res["runs"]):
+            continue
+        if s.scenario == SHIFTING:
+            fig = Figure(figsize=(8, 5))
+            title = f"Test accuracy, {s.label} — {args.network}"
+            if compare.draw_accuracy_bands(fig, _by_row(res["runs"], res["names"]), labels,
+                                           title=title, target=args.target,
+                                           xmax=figure_end(res["per_rep"], res["names"]),
+                                           marks={"device slows down": s.switch_s}):
+                written += compare.save(fig, folder, f"{args.network}-{s.name}-accuracy")
             continue
         for split in modes.SPLITS:
-            chosen = {n: v for n, v in first.items() if modes.parse_folder(n)[1] == split
-                      or modes.family(n) == modes.STANDALONE}
+            chosen = [n for n in res["names"] if modes.parse_folder(n)[1] == split
+                      or modes.family(n) == modes.STANDALONE]
             if not any(modes.parse_folder(n)[1] == split for n in chosen):
                 continue
             fig = Figure(figsize=(8, 5))
             title = (f"Test accuracy ({split.label or 'i.i.d.'}) — {args.network}, "
                      f"{s.name}")
-            if compare.draw_accuracy_rows(fig, chosen, labels, title=title, target=args.target):
+            if compare.draw_accuracy_bands(fig, _by_row(res["runs"], chosen), labels,
+                                           title=title, target=args.target,
+                                           xmax=figure_end(res["per_rep"], chosen)):
                 written += compare.save(fig, folder, f"{args.network}-{s.name}-accuracy"
                                                      f"{split.suffix or '-iid'}")
-    names = list(dict.fromkeys(n for s in settings for n in results[s.name]["names"]))
+    static = _static(settings)
+    names = list(dict.fromkeys(n for s in static for n in results[s.name]["names"]))
     for key, scale, ylabel, stem in (
             ("throughput", 1.0, "Samples/s, all workers", "throughput"),
             ("traffic_bytes_per_s", 1e-6, "MB/s pushed + pulled", "traffic")):
         values = {}
         for n in names:
             values[n] = {}
-            for s in settings:
-                metrics = [m for m in results[s.name]["per_rep"].get(n, []) if m]
-                mean = mean_std([m[key] for m in metrics])[0]
-                values[n][s.name] = None if mean is None else mean * scale
+            for s in static:
+                agg = results[s.name]["rows"].get(n)
+                value = agg.get(key) if agg and agg["ok"] else None
+                values[n][s.name] = None if value is None else value * scale
         fig = Figure(figsize=(10, 5))
         if compare.draw_setting_bars(fig, values, labels, ylabel=ylabel,
-                                     title=f"{ylabel.split(',')[0]} — {args.network}, "
+                                     title=f"{ylabel.split(',')[0]} (median) — {args.network}, "
                                            "per network setting"):
             written += compare.save(fig, folder, f"{args.network}-{stem}-by-setting")
     return written
@@ -303,63 +427,86 @@ def draw(args, results: dict, settings: list[Setting], labels: dict, out: Path) 
 def render(args, *, jobs: list[Job], tune_jobs: list[Job], results: dict,
            settings: list[Setting], names: list[str], labels: dict, tuning: dict | None,
            shaping: dict | None, written: list[Path], problems: list[str], command: str,
-           started: datetime, seconds: float) -> str:
+           started: datetime, seconds: float, emulation: dict | None = None,
+           standalone: dict | None = None) -> str:
     out = Path(args.out)
+    standalone = standalone or {"capped": False, "share": None, "reason": "not recorded"}
+    emulation = emulation or {"counts": {}, "shares": [], "placement": None, "runs": 0}
     slow = ", ".join(f"×{f:g}" for f in args.slowdowns)
     split_names = {0: "i.i.d. (`-s 0`)", 1: "by class (`-s 1`, the original's class order)",
                    2: "by class, shuffled inside each shard (`-s 2`)"}
     split = " and ".join(split_names[v] for v in args.splits) + (
         " (by class: first network setting only)" if args.niid else "")
+    seeds = ", ".join(str(args.seed + i) for i in range(args.repeats))
+    capped = emulation["counts"].get("cpu-cap", 0) > 0
     L = [f"# esync benchmark — {args.network}, {args.workers} workers ({slow})", ""]
     L += ["**Machine noise.** Every figure below comes from "
-          + ("one run" if args.repeats == 1 else f"{args.repeats} runs")
-          + f" on this machine ({socket.gethostname()}, {os.cpu_count()} CPU cores, shared with "
-          "whatever else ran at the time). Absolute seconds and samples/s move from run to run; "
-          "the meaningful quantities are the ratios between modes measured in the same run "
-          "(speedups, throughput as a fraction of the physical limit, computing-time ratio).",
-          ""]
+          + ("one run" if args.repeats == 1 else f"{args.repeats} runs (seeds {seeds})")
+          + f" per row and setting on this machine ({socket.gethostname()}, {os.cpu_count()} "
+          "CPU cores, shared with whatever else ran at the time). "
+          + ("Cells give the median over the repeats and their min–max range; speedups are "
+             "ratios of medians, and where two rows' ranges overlap the report says the "
+             "difference is not clear. " if args.repeats > 1 else
+             "With one repeat there is no range: treat close numbers as equal. ")
+          + "Absolute seconds and samples/s move from run to run; the meaningful quantities "
+          "are the ratios between modes (speedups, throughput as a fraction of the physical "
+          "limit, computing-time ratio).", ""]
+    emulated = ("each device's worker runs in a cgroup capped at S/F of a core (S: the ×1 "
+                "device's share), with one compute thread" if capped else
+                "a worker ×F sleeps (F−1)·t after each iteration of t seconds; the wait counts "
+                "as computing time")
     L += ["## Cluster", "",
-          f"- {args.workers} emulated devices on this machine's CPU, one worker process each "
-          f"(`OMP_NUM_THREADS=1`), slow-down factors {slow} (a worker ×F waits (F−1)·t after "
-          "each iteration of t seconds; the wait counts as computing time)",
-          f"- network `{args.network}`, batch {args.batch_size} per device, data {split}, "
-          f"seed {args.seed}",
+          f"- {args.workers} emulated devices on this machine's CPU, one worker process each, "
+          f"slow-down factors {slow} ({emulated})"]
+    L += describe_emulation(emulation, standalone)
+    L += [f"- network `{args.network}`, batch {args.batch_size} per device, data {split}",
+          f"- {args.repeats} repeat(s), seeds {seeds} (data partition, shuffling, initial "
+          "weights); the learning-rate tuning ran once",
           f"- the same training-time budget for every run: {args.budget:g} s "
-          "(`--max-seconds`); the evaluator scores every checkpoint off the workers' path "
+          f"(`--max-seconds`), except SSGD's i.i.d. runs of the static scenario: until "
+          f"{args.target:.2f} or {sync_cap(args):g} s (Table 1; the other tables use their "
+          "records up to the first checkpoint at or after the budget, where a run with the "
+          "budget would have stopped); the evaluator scores every checkpoint off the workers' path "
           "(a checkpoint every 10 rounds of esync and sync, every 40 iterations of rank 0 in "
           "async and dcasgd: about as often in time)",
           f"- ESync rows: one per aggregation rule ({', '.join(a.label for a in args.aggregation_list)}); "
           f"state-server policy {args.policy}",
-          "- standalone SGD (`local`): `main.py -m local` on one device at full speed "
-          f"(slow-down 1, `OMP_NUM_THREADS=1`), evaluated every {args.local_eval_every} "
-          "iterations; its budget is training time (`--max-train-seconds`: the inline scoring "
-          "of the test set is left out, as the evaluator's work is in a cluster); it needs no "
-          "network, so it runs once and serves every network setting",
-          f"- target test accuracy {args.target:.2f}; {args.repeats} repeat(s)"
-          + ("" if args.repeats == 1 else " (cells: mean ± sample std over repeats)"),
+          "- standalone SGD (`local`): `main.py -m local` on one ×1 device, evaluated every "
+          f"{args.local_eval_every} iterations; its budget is training time "
+          "(`--max-train-seconds`: the inline scoring of the test set is left out, as the "
+          "evaluator's work is in a cluster); it needs no network, so it serves every network "
+          "setting",
+          f"- scenarios: {', '.join(args.scenario_list)}"
+          + (f" ({args.scenario_notice})" if getattr(args, "scenario_notice", None) else ""),
+          f"- target test accuracy {args.target:.2f}",
           f"- started {started:%Y-%m-%d %H:%M:%S}, took {seconds / 60:.1f} min; "
           f"Python {platform.python_version()}, {platform.platform()}", ""]
-    L += network_section(args, settings, shaping)
+    L += network_section(args, _static(settings), shaping)
     L += ["## Command", "", "```", command, "```", "",
           "Every option spelled out (runs the same benchmark again; change `--out`):", "",
           "```", canonical_command(args), "```", ""]
     L += tuning_section(args, tuning, names, labels)
+    L += table1_section(args, results, settings, labels)
     L += side_by_side(args, results, settings, names, labels)
     for s in settings:
-        L += setting_section(args, s, results[s.name], labels)
+        if s.scenario == SHIFTING:
+            L += shifting_section(args, s, results[s.name], labels)
+        else:
+            L += setting_section(args, s, results[s.name], labels, standalone)
     L += ["## Figures", ""]
     pngs = [p for p in written if p.suffix == ".png"]
     if pngs:
-        every = " (the tables use every repeat)" if args.repeats > 1 else ""
-        L += [f"Drawn from the first repeat{every}; SVG versions beside the PNGs.", ""]
+        L += [("Accuracy: the median over the repeats, the band their min–max; "
+               if args.repeats > 1 else "Accuracy: the one repeat; ")
+              + "bars: medians. SVG versions beside the PNGs.", ""]
         for path in pngs:
             rel = path.relative_to(out).as_posix()
             L += [f"### {path.stem}", "", f"![{path.stem}]({rel})", ""]
     else:
         L += ["No figures (no run produced a summary).", ""]
-    tables = [p for p in written if p.suffix in (".md", ".csv")]
+    tables = [p for p in written if p.suffix == ".csv"]
     if tables:
-        L += ["Speedup tables as written by `esync.analysis.table`: "
+        L += ["Tables as CSV: "
               + ", ".join(f"[{p.relative_to(out).as_posix()}]({p.relative_to(out).as_posix()})"
                           for p in tables), ""]
     failed = [j for j in tune_jobs + jobs if not j.ok]
@@ -371,59 +518,162 @@ def render(args, *, jobs: list[Job], tune_jobs: list[Job], results: dict,
             rel = job.log.relative_to(out).as_posix()
             L += [f"### {job.tag}: {job.error}", "", f"Output: [{rel}]({rel})", "", "```",
                   tail(job.log), "```", ""]
-    L += ["## Runs", "", "| Run | Result | Learning rate | Seconds | Mode folder | Output |",
-          "| --- | --- | ---: | ---: | --- | --- |"]
+    L += ["## Runs", "",
+          "| Run | Result | Learning rate | Seed | Budget (s) | Seconds | Mode folder | Output |",
+          "| --- | --- | ---: | ---: | ---: | ---: | --- | --- |"]
     for job in tune_jobs + jobs:
         status = "ok" if job.ok else f"failed: {job.error}"
-        L.append(f"| {job.tag} | {status} | {job.row.lr_flag} {job.lr:g} | {job.seconds:.0f} | "
+        L.append(f"| {job.tag} | {status} | {job.row.lr_flag} {job.lr:g} | {job.seed} | "
+                 f"{job.budget:g} | {job.seconds:.0f} | "
                  f"`{job.folder.relative_to(out).as_posix()}` | "
                  f"[log]({job.log.relative_to(out).as_posix()}) |")
-    L += ["", "Commands of the first repeat (from the repository root):", "", "```"]
+    L += ["", "Commands of the first repeat (from the repository root"
+          + ("; the standalone run is started inside its CPU cap's cgroup with "
+             "`OMP_NUM_THREADS=1` and the other one-thread variables" if standalone.get("capped")
+             else "") + "):", "", "```"]
     L += [shlex.join(display_argv(job.argv)) for job in jobs if job.rep == 1]
     L += ["```", ""]
     return "\n".join(L)
 
 
-def write_tables(args, results: dict, out: Path) -> list[Path]:
-    written = []
-    for name, res in results.items():
-        if res["table"]:
-            written += write_table(res["table"], out / "tables" / name, network=args.network,
-                                   target=args.target)
+# ----------------------------------------------------------------------------- files
+
+TABLE_COLUMNS = ("setting", "row", "label", "runs", "ok", "reached", "time_median_s",
+                 "time_min_s", "time_max_s", "speedup_vs_sync", "speedup_vs_sync_bound",
+                 "speedup_vs_sync_overlap", "best_other", "speedup_vs_best_other",
+                 "speedup_vs_best_other_bound", "speedup_vs_best_other_overlap",
+                 "final_accuracy_median", "final_accuracy_min", "final_accuracy_max",
+                 "throughput_median", "computing_time_ratio_median",
+                 "traffic_bytes_per_s_median")
+
+
+def table_rows(results: dict, labels: dict) -> list[dict]:
+    """One CSV row per setting and row: the aggregates (empty cells for missing figures)."""
+    found = []
+    for setting, res in results.items():
+        for name, agg in res["rows"].items():
+            row = {"setting": setting, "row": name, "label": labels.get(name, name),
+                   "runs": agg["runs"], "ok": agg["ok"]}
+            if agg["ok"]:
+                t, acc = agg["time"].to_json(), agg["accuracy"].to_json()
+                row.update(reached=t["reached"], time_median_s=t["median"], time_min_s=t["min"],
+                           time_max_s=t["max"], final_accuracy_median=acc["median"],
+                           final_accuracy_min=acc["min"], final_accuracy_max=acc["max"],
+                           throughput_median=agg["throughput"],
+                           computing_time_ratio_median=agg["computing_time_ratio"],
+                           traffic_bytes_per_s_median=agg["traffic_bytes_per_s"])
+                for key, col in (("vs_sync", "speedup_vs_sync"),
+                                 ("vs_best_other", "speedup_vs_best_other")):
+                    s = agg[key]
+                    if s is not None:
+                        row.update({col: s.value, f"{col}_bound": s.bound,
+                                    f"{col}_overlap": s.overlap})
+                        if key == "vs_best_other":
+                            row["best_other"] = s.other
+            found.append(row)
+    return found
+
+
+def write_tables(args, results: dict, out: Path, labels: dict | None = None) -> list[Path]:
+    """``tables/results.csv`` (every setting's aggregates) and ``tables/table1.csv``."""
+    labels = labels or {}
+    folder = out / TABLES_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    written = [folder / "results.csv"]
+    _write_csv(written[0], TABLE_COLUMNS, table_rows(results, labels))
+    t1 = [dict(setting=setting, row=r["name"], label=labels.get(r["name"], r["name"]),
+               horizon_s=r["horizon"], **{f"time_{k}": v for k, v in r["time"].to_json().items()
+                                          if k != "values"},
+               **({} if r["vs_sync"] is None else {
+                   "speedup_vs_sync": r["vs_sync"].value, "bound": r["vs_sync"].bound,
+                   "overlap": r["vs_sync"].overlap}))
+          for setting, res in results.items() for r in res.get("table1", [])]
+    if t1:
+        written.append(folder / "table1.csv")
+        _write_csv(written[1], ("setting", "row", "label", "horizon_s", "time_median",
+                                "time_min", "time_max", "time_n", "time_reached",
+                                "speedup_vs_sync", "bound", "overlap"), t1)
     return written
 
 
+def _write_csv(path: Path, columns, rows) -> None:
+    with path.open("w", newline="", encoding="utf-8") as fp:
+        writer = csv.DictWriter(fp, fieldnames=columns)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: "" if row.get(k) is None else row[k] for k in columns})
+
+
+def _aggregates_json(rows: dict) -> dict:
+    found = {}
+    for name, agg in rows.items():
+        entry = {}
+        for key, value in agg.items():
+            entry[key] = value.to_json() if hasattr(value, "to_json") else value
+        found[name] = entry
+    return found
+
+
 def write_outputs(args, text: str, *, jobs, tune_jobs, results, tuning, shaping, problems,
-                  command: str, started: datetime, seconds: float) -> Path:
+                  command: str, started: datetime, seconds: float, emulation: dict | None = None,
+                  standalone: dict | None = None, estimate: dict | None = None) -> Path:
     out = Path(args.out)
     report = out / "report.md"
     atomic_write_text(report, text)
     data = {
         "command": command, "canonical_command": canonical_command(args),
         "started": started.isoformat(timespec="seconds"), "seconds": round(seconds, 1),
+        "estimate_s": None if estimate is None else round(estimate["total_s"], 1),
         "config": {"workers": args.workers, "slowdowns": args.slowdowns,
                    "network": args.network, "batch_size": args.batch_size,
-                   "budget_s": args.budget, "modes": args.mode_list, "niid": args.niid, "splits": args.splits,
+                   "budget_s": args.budget, "sync_cap_s": sync_cap(args),
+                   "modes": args.mode_list, "niid": args.niid, "splits": args.splits,
                    "aggregations": [a.slug for a in args.aggregation_list],
-                   "repeats": args.repeats, "policy": args.policy, "target": args.target,
+                   "repeats": args.repeats,
+                   "seeds": [args.seed + i for i in range(args.repeats)],
+                   "scenarios": args.scenario_list, "policy": args.policy,
+                   "target": args.target,
                    "lr_grid": args.lr_grid, "tune_budget_s": args.tune_budget,
                    "learning_rate": args.learning_rate, "local_lr": args.local_lr,
                    "seed": args.seed, "local_eval_every": args.local_eval_every,
-                   "net": args.net_list},
+                   "net": args.net_list, "emulation": args.emulation,
+                   "cpu_share": args.cpu_share},
+        "emulation": {"cluster": emulation, "standalone": standalone},
         "shaping": shaping, "tuning": {g: {"lr": e["lr"], "scores": {f"{k:g}": v for k, v in
                                                                     e["scores"].items()}}
                                        for g, e in (tuning or {}).items()},
-        "settings": {name: {"physical_limit": res["limits"], "table": res["table"],
-                            "rows": {n: res["per_rep"][n] for n in res["names"]}}
+        "settings": {name: {"scenario": res["scenario"], "physical_limit": res["limits"],
+                            "rows": {n: res["per_rep"][n] for n in res["names"]},
+                            "aggregates": _aggregates_json(res["rows"]),
+                            "table1": [{"name": r["name"], "horizon_s": r["horizon"],
+                                        "time": r["time"].to_json(),
+                                        "vs_sync": None if r["vs_sync"] is None
+                                        else r["vs_sync"].to_json()}
+                                       for r in res.get("table1", [])]}
                      for name, res in results.items()},
         "problems": problems,
-        "runs": [{"tag": j.tag, "setting": j.setting.name, "rep": j.rep, "name": j.row.name,
-                  "lr": j.lr, "ok": j.ok, "error": j.error, "returncode": j.returncode,
+        "runs": [{"tag": j.tag, "setting": j.setting.name, "rep": j.rep, "seed": j.seed,
+                  "name": j.row.name, "lr": j.lr, "budget_s": j.budget, "ok": j.ok,
+                  "error": j.error, "returncode": j.returncode,
                   "seconds": round(j.seconds, 1), "folder": str(j.folder), "log": str(j.log),
-                  "argv": j.argv} for j in tune_jobs + jobs],
+                  "argv": j.argv, "prefix": j.prefix or None} for j in tune_jobs + jobs],
     }
-    atomic_write_text(out / "benchmark.json", json.dumps(data, indent=1))
+    atomic_write_text(out / "benchmark.json", json.dumps(_clean(data), indent=1,
+                                                         allow_nan=False))
     return report
+
+
+def _clean(value):
+    """JSON has no NaN nor infinity: they become null (a diverged run, a target not reached)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if hasattr(value, "to_json"):
+        return _clean(value.to_json())
+    return value
 
 
 __all__ = ["render", "write_outputs", "write_tables", "draw"]

@@ -66,9 +66,10 @@ class Progress:
             self.last_line = now
             self._line(f"{self._tag(job)}: {elapsed:.0f}s elapsed ({total:.0f}s in all)")
 
-    def end(self, job: Job) -> None:
+    def end(self, job: Job, left: float | None = None) -> None:
         verdict = ("done" if job.error is None else f"FAILED: {job.error}")
-        self._line(f"{self._tag(job)}: {verdict} after {job.seconds:.0f}s")
+        eta = f"; about {left / 60:.0f} min left" if left is not None and left >= 60 else ""
+        self._line(f"{self._tag(job)}: {verdict} after {job.seconds:.0f}s{eta}")
         if self.bar is not None:
             self.bar.update(1)
 
@@ -110,9 +111,9 @@ def run_job(job: Job, progress: Progress, timeout: float | None = None) -> None:
         shutil.rmtree(job.folder)
     start = time.monotonic()
     with open(job.log, "wb") as out:
-        out.write(f"$ {shlex.join(job.argv)}\n".encode())
+        out.write(f"$ {shlex.join(job.prefix + job.argv)}\n".encode())
         out.flush()
-        proc = subprocess.Popen(job.argv, stdout=out, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(job.prefix + job.argv, stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, cwd=str(REPO), env=child_env(job),
                                 start_new_session=True, preexec_fn=die_with_parent)
     try:
