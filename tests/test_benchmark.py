@@ -18,6 +18,7 @@ from support import write_fashion_dir
 from esync import benchmark
 from esync.analysis import summary as summary_mod
 from esync.benchmark import emulation, metrics, options, plan, report, runs, shaping, stats
+from esync.common import runlayout
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "analysis"))
 import logmaker  # noqa: E402
@@ -933,6 +934,7 @@ class FakeCgroups:
         class Caps:
             def cap(self, device, cores):
                 fake.calls.append(("cap", device, cores))
+                return f"/cgroup/{device}"
 
             def exec_prefix(self, device):
                 return ["/bin/sh", "-c", "in-group", device]
@@ -961,12 +963,14 @@ def test_standalone_runs_under_the_x1_devices_cap(data_dir, tmp_path, full_launc
     share = round(1.5 / (1 + 1 + 1 / 4 + 1 / 8), 4)                  # 0.6316
     assert fake.calls == [("default_share", [1.0, 1.0, 4.0, 8.0], 2),
                           ("cap", "standalone", share), ("close",)]
-    assert by["local"].prefix == ["/bin/sh", "-c", "in-group", "standalone"]
+    assert by["local"].prefix == []        # it joins its group when training starts
     env = plan.child_env(by["local"])
     assert (env["OMP_NUM_THREADS"], env["OPENBLAS_NUM_THREADS"]) == ("1", "1")
+    assert env["ESYNC_CPU_CGROUP"] == "/cgroup/standalone"
     assert by["sync"].prefix == [] and "OPENBLAS_NUM_THREADS" not in by["sync"].env
     assert cap.info == {"capped": True, "share": share, "reason": None,
-                        "env": FakeCgroups.ONE_COMPUTE_THREAD_ENV}
+                        "env": {**FakeCgroups.ONE_COMPUTE_THREAD_ENV,
+                                "ESYNC_CPU_CGROUP": "/cgroup/standalone"}}
 
 
 def test_the_given_cpu_share_caps_the_standalone_run(data_dir, tmp_path, full_launcher,
@@ -1024,7 +1028,7 @@ def test_run_job_starts_the_program_behind_its_prefix(tmp_path):
 
 def write_cluster_json(folder, **info):
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / emulation.CLUSTER_FILE).write_text(json.dumps(info))
+    runlayout.cluster_file(folder).write_text(json.dumps(info))
 
 
 def survey_of(tmp_path, infos):

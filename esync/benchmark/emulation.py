@@ -19,7 +19,8 @@ import json
 import os
 from pathlib import Path
 
-CLUSTER_FILE = "cluster.json"
+from esync.common import runlayout
+
 OLDER = "sleep (older launcher)"
 DEVICE = "standalone"          # the cgroup's name for the standalone run
 
@@ -98,14 +99,16 @@ class StandaloneCap:
             self.reason = f"CPU caps unavailable: {exc}"
             return self
         try:
-            caps.cap(DEVICE, share)
+            group = caps.cap(DEVICE, share)
         except (OSError, ValueError) as exc:
             caps.close()
             self.reason = f"capping the standalone run failed: {exc}"
             return self
         self.caps, self.share = caps, share
-        self.prefix = caps.exec_prefix(DEVICE)
-        self.env = dict(cgroups.ONE_COMPUTE_THREAD_ENV)
+        # As the launcher's workers do: the run joins its group when its training starts
+        # (imports and data loading at the machine's speed).
+        from esync.common.speeds import CPU_CGROUP_ENV
+        self.env = {**cgroups.ONE_COMPUTE_THREAD_ENV, CPU_CGROUP_ENV: str(group)}
         return self
 
     def apply(self, jobs) -> None:
@@ -133,7 +136,7 @@ class StandaloneCap:
 def read_cluster(folder: Path) -> dict | None:
     """The launcher's ``cluster.json`` of one run (None: absent or unreadable)."""
     try:
-        return json.loads((Path(folder) / CLUSTER_FILE).read_text())
+        return json.loads(runlayout.cluster_file(folder).read_text())
     except (OSError, ValueError):
         return None
 
