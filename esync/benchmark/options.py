@@ -13,7 +13,7 @@ from pathlib import Path
 import config
 from esync.common import modes
 from esync.common.argtypes import (HelpFormatter, UsageParser, bounded_number, non_negative_int,
-                                   positive_float, positive_int)
+                                   positive_float, positive_int, slowdown_factors)
 from esync.common.errors import UsageError
 
 PROG = "esync-benchmark"
@@ -57,23 +57,6 @@ def parse_modes(text: str) -> list[str]:
         raise UsageError(f"argument --modes: {', '.join(map(repr, unknown))} is not a mode; "
                          f"choose from {', '.join(modes.NAMES)} (comma-separated)")
     return [m for m in modes.NAMES if m in items]
-
-
-def parse_slowdowns(text: str, workers: int) -> list[float]:
-    """One factor >= 1 per worker (or one for all), as the launcher takes them."""
-    try:
-        values = [float(t) for t in text.split(",")]
-    except ValueError:
-        raise UsageError(f"argument --slowdown: {text!r} is not a comma-separated list of "
-                         "numbers") from None
-    if len(values) == 1:
-        values *= workers
-    if len(values) != workers:
-        raise UsageError(f"argument --slowdown: {len(values)} factors for {workers} workers "
-                         "(give one per worker, or one for all)")
-    if any(not (v >= 1 and math.isfinite(v)) for v in values):
-        raise UsageError(f"argument --slowdown: factors must be numbers >= 1, got {text!r}")
-    return values
 
 
 def parse_scenarios(text: str | None) -> list[str]:
@@ -317,7 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv) -> argparse.Namespace:
     args = build_parser().parse_args(argv)
     args.mode_list = parse_modes(args.modes)
-    args.slowdowns = parse_slowdowns(args.slowdown, args.workers)
+    args.slowdowns = slowdown_factors(args.slowdown, args.workers)
     args.aggregation_list = parse_aggregations(args.aggregations)
     args.lr_grid = parse_lr_grid(args.tune_lr)
     args.scenarios_given = args.scenarios is not None

@@ -47,6 +47,23 @@ def bounded_number(kind, *, low, strict=False, high=None, must):
     return parse
 
 
+def slowdown_factors(text: str, workers: int) -> list[float]:
+    """``--slowdown``: one factor >= 1 per worker (or one for all), e.g. ``1,1,4,8``."""
+    try:
+        values = [float(t) for t in text.split(",")]
+    except ValueError:
+        raise UsageError(f"argument --slowdown: {text!r} is not a comma-separated list of "
+                         "numbers") from None
+    if len(values) == 1:
+        values *= workers
+    if len(values) != workers:
+        raise UsageError(f"argument --slowdown: {len(values)} factors for {workers} workers "
+                         "(give one per worker, or one for all)")
+    if any(not (v >= 1 and math.isfinite(v)) for v in values):
+        raise UsageError(f"argument --slowdown: factors must be numbers >= 1, got {text!r}")
+    return values
+
+
 positive_int = bounded_number(int, low=0, strict=True, must="a positive integer")
 non_negative_int = bounded_number(int, low=0, must="an integer >= 0")
 positive_float = bounded_number(float, low=0, strict=True, must="a positive number")

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from esync import cli
 from esync.common import runlayout
-from esync.common.argtypes import UsageParser, bounded_number, non_negative_int, port, positive_int
+from esync.common.argtypes import (UsageParser, bounded_number, non_negative_int, port,
+                                   positive_int, slowdown_factors)
 from esync.common.errors import UsageError
 import esync.launch.remote as remote
 from esync.launch.backends.netns import add_network_args, layout_from_args
@@ -50,22 +51,6 @@ def device_list(text: str, workers: int) -> list[str]:
         if item != "cpu" and not (item.startswith("gpu") and item[3:].isdigit()):
             raise UsageError(f"argument --devices: {item!r} is not 'cpu' or 'gpuN'")
     return items
-
-
-def slowdown_list(text: str, workers: int) -> list[float]:
-    try:
-        values = [float(t) for t in text.split(",")]
-    except ValueError:
-        raise UsageError(f"argument --slowdown: {text!r} is not a comma-separated list of "
-                             "numbers") from None
-    if len(values) == 1:
-        values *= workers
-    if len(values) != workers:
-        raise UsageError(f"argument --slowdown: {len(values)} factors for {workers} workers "
-                             "(give one per worker, or one for all)")
-    if any(v < 1 for v in values):
-        raise UsageError("argument --slowdown: factors must be >= 1")
-    return values
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -164,7 +149,7 @@ def parse(parser, argv) -> argparse.Namespace:
                              f"--backend local, not --backend {args.backend}")
     if args.slowdown_list is None:
         args.slowdown_list = DEFAULT_SLOWDOWN if args.workers == 4 else "1"
-    args.slowdowns = slowdown_list(args.slowdown_list, args.workers)
+    args.slowdowns = slowdown_factors(args.slowdown_list, args.workers)
     if args.use_dcasgd and args.mode != "async":
         raise UsageError("argument -dcasgd/--use-dcasgd: needs -m async")
     if args.mode == "local":
