@@ -6,6 +6,8 @@
     while not client.apply(rank, k, c, t): ...     # dynamic policy: before each local iteration
     k_round = client.plan(rank, c, t)              # planned policy: once per round (legacy)
     plan = client.report_round(t, ks, cs)          # planned policy, rank 0, once per round
+    client.hello(rank, host="h", device="cpu1", slowdown=1)   # dashboard, at start
+    announcer.changed(6)       # a SpeedAnnouncer: hello again on a speed change, off the round
 
 One keep-alive connection (a urllib3 connection pool of one) per client; use one client per
 thread. urllib3 rather than requests: a call costs the worker about a third of the CPU time
@@ -281,7 +283,6 @@ class ReadinessAsker:
         # the call's wait in its queue (most of a call under load), not when it was sent.
         self.lease_ends = self.clock() + decision.budget
         return True
-
 
 
 class SpeedAnnouncer:
