@@ -194,6 +194,12 @@ def test_worker_rows_name_device_and_host(live):
         c["host"] not in ("", "–") for c in cells)
 
 
+def test_worker_rows_show_each_devices_slowdown_factor(live):
+    """``--slowdown 1,4``: each worker's hello carries its factor, the "speed" column shows it."""
+    speeds = {row["cells"]["device"]: row["cells"]["speed"] for row in live["first"]}
+    assert speeds == {"cpu0": "x1", "cpu1": "x4"}
+
+
 def test_worker_numbers_change_between_two_reads(live):
     def numbers(rows):
         return [[row["cells"][key] for key in ("requests", "c", "k-live", "split")]

@@ -6,6 +6,8 @@
     while not client.apply(rank, k, c, t): ...     # dynamic policy: before each local iteration
     k_round = client.plan(rank, c, t)              # planned policy: once per round (legacy)
     plan = client.report_round(t, ks, cs)          # planned policy, rank 0, once per round
+    client.hello(rank, host="h", device="cpu1", slowdown=1)   # dashboard, at start
+    announcer.changed(6)       # a SpeedAnnouncer: hello again on a speed change, off the round
 
 One keep-alive connection (a urllib3 connection pool of one) per client; use one client per
 thread. urllib3 rather than requests: a call costs the worker about a third of the CPU time
@@ -26,6 +28,7 @@ import json
 import logging
 import math
 import secrets
+import sys
 import threading
 import time
 from urllib.parse import urlencode
@@ -143,9 +146,14 @@ class StateClient:
         """Tell the server that worker ``rank`` now enters ``round``."""
         return self._post("reset", {"r": rank, "t": round})
 
-    def hello(self, rank: int, *, host: str, device: str) -> dict:
-        """Tell the dashboard where worker ``rank`` runs (once, at start)."""
-        return self._post("hello", {"r": rank, "host": host, "device": device})
+    def hello(self, rank: int, *, host: str, device: str, slowdown: float | None = None) -> dict:
+        """Tell the dashboard where worker ``rank`` runs and, if given, its device's slow-down
+        factor in force (at start, and again when the factor changes). Without ``slowdown`` the
+        field is not sent, as before (the dashboard shows the factor as unknown)."""
+        fields = {"r": rank, "host": host, "device": device}
+        if slowdown is not None:
+            fields["slowdown"] = float(slowdown)
+        return self._post("hello", fields)
 
     def score(self, round: int, *, time: float, accuracy: float) -> dict:
         """Evaluator: the test accuracy of the checkpoint of ``round``, for the dashboard."""
@@ -276,3 +284,57 @@ class ReadinessAsker:
         self.lease_ends = self.clock() + decision.budget
         return True
 
+
+class SpeedAnnouncer:
+    """Tells the dashboard a worker's new slow-down factor (``hello`` again) when it changes.
+
+    The hello leaves from a background thread with its own client (one client per thread), so a
+    round never waits for the dashboard. The dashboard is for people, not for training: a refused
+    or unreachable state server (``StateServerError`` after the client's retries) is reported
+    through ``report`` and dropped, never raised. Only the newest factor waits to be sent, so a
+    change overtaken by a newer one before its hello left is not sent: at most one hello per
+    change, and never an older factor after a newer one.
+    """
+
+    def __init__(self, client: StateClient, rank: int, *, host: str, device: str,
+                 report=None, close_timeout: float = 2.0):
+        self.client, self.rank, self.host, self.device = client, rank, host, device
+        self.report = report or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.close_timeout = close_timeout
+        self.sent = 0                              # hellos the server accepted
+        self._pending: float | None = None
+        self._closed = False
+        self._wake = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="esync-speed-announcer",
+                                        daemon=True)
+        self._thread.start()
+
+    def changed(self, slowdown: float) -> None:
+        """Never blocks on HTTP: the factor replaces any still unsent one."""
+        with self._wake:
+            self._pending = float(slowdown)
+            self._wake.notify()
+
+    def close(self) -> None:
+        """Send what is pending if the server answers within ``close_timeout``, then stop."""
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+        self._thread.join(self.close_timeout)
+        self.client.close()
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while self._pending is None and not self._closed:
+                    self._wake.wait()
+                if self._pending is None:
+                    return
+                slowdown, self._pending = self._pending, None
+            try:
+                self.client.hello(self.rank, host=self.host, device=self.device,
+                                  slowdown=slowdown)
+                self.sent += 1
+            except Exception as exc:                  # noqa: BLE001 - training must go on
+                self.report(f"[rank {self.rank} {self.device}] the dashboard was not told of "
+                            f"slow-down x{slowdown:g}: {exc}")

@@ -192,8 +192,8 @@ def train(args) -> int:
     worker.keys = KeyMap(len(trainable), len(aux), len(algo.state_arrays()))
     done_rounds, spent, samples = _start_global_model(worker, algo, store, args)
     algo.setup()
-    algo.announce(host=args.host_name, device=device)
     loop = TrainingLoop(worker, algo, stream, writer, store, folder, device, args, shard=shard)
+    loop.announce(spent)
     return loop.run(done_rounds, spent, samples)
 
 
@@ -243,8 +243,23 @@ class TrainingLoop:
         self.scalars = (TrainingScalars(self.args.tensorboard)
                         if self.args.tensorboard and worker.rank == 0 else None)
         self.diverged = False          # said once that the loss is no longer a number
+        self.device = device
         self.speed = DeviceSpeed(args, device)
+        self.announced = None              # the slow-down factor the dashboard was last told
         self.clock0 = time.perf_counter()  # the training clock's zero (set by run)
+
+    def announce(self, spent: float) -> None:
+        """Tell the coordinator where this worker runs and its factor at training time ``spent``
+        (0, or where a resumed run goes on); ``run`` tells it again when the factor changes."""
+        self.announced = self.speed.factor(spent)
+        self.algo.announce(host=self.args.host_name, device=self.device, slowdown=self.announced)
+
+    def _announce_speed(self, slowdown: float) -> None:
+        """Once per change of the factor in force (compared every round): the live dashboard
+        shows the new speed. The algorithm sends it without holding up the round."""
+        if slowdown != self.announced:
+            self.announced = slowdown
+            self.algo.speed_changed(slowdown)
 
     def run(self, done_rounds: int, spent: float, samples: int) -> int:
         args, w = self.args, self.w
@@ -254,6 +269,8 @@ class TrainingLoop:
         last_c = self._warm_up()
         clock0 = time.perf_counter() - spent       # training clock: inline scoring is taken out
         self.clock0 = clock0
+        if self.announced is None:                 # nobody told: the first factor is no change
+            self.announced = self.speed.factor(spent)
         wall0 = clock0                             # wall clock: everything counts
         total_samples = samples
         last_print = 0.0
@@ -285,18 +302,20 @@ class TrainingLoop:
             wall = time.perf_counter() - wall0
             pushed, pulled = w.channel.counters() if w.channel else (0, 0)
             compute = record.seconds(*COMPUTE_PHASES)
+            slowdown = self.speed.factor(elapsed)
             record.extras = {
                 "k": k, "compute_time": round(compute, 6),
                 "slowdown_time": round(record.seconds("emulated slowdown"), 6),
                 "wait_time": round(time.perf_counter() - round_start - compute, 6),
                 "bytes_pushed": pushed - pushed0, "bytes_pulled": pulled - pulled0,
-                "slowdown": self.speed.factor(elapsed), "emulation": args.emulation,
+                "slowdown": slowdown, "emulation": args.emulation,
                 "rank": w.rank, "shard": self.shard,
                 "state_requests": self.algo.state_requests() - requests0,
                 "train_loss": round(loss, 5),
                 # total_time is the training time; wall_time adds inline scoring (standalone)
                 "wall_time": round(wall, 6), **self.algo.round_extras()}
             self.writer.write(record, elapsed, acc)
+            self._announce_speed(slowdown)
             self._write_scalars(round_no, record, k, loss, elapsed,
                                 record.num_samples if round_samples is None else round_samples)
             self._checkpoint(round_no, elapsed, total_samples, stop)

@@ -1,5 +1,5 @@
 """What the dashboard shows that the coordination itself does not need: where each worker runs
-(told once by the worker at start) and the evaluator's test accuracy per scored checkpoint.
+and how slow its (emulated) device is (told by the worker at start and on each speed change) and the evaluator's test accuracy per scored checkpoint.
 
 Both live in the database so that a restarted state server still shows them.
 """
@@ -9,12 +9,16 @@ from coordination.models import Job
 
 
 class WorkerInfo(models.Model):
-    """Host and device of one rank of a job, from the worker's ``hello`` (the latest one wins)."""
+    """Host, device and slow-down factor of one rank of a job, from the worker's ``hello`` (the
+    latest one wins)."""
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="worker_infos")
     rank = models.PositiveIntegerField()
     host = models.CharField(max_length=64)
     device = models.CharField(max_length=64)
+    # Null: the worker did not say (an older worker); 1 = full speed, 6 = six times slower.
+    slowdown = models.FloatField(null=True, blank=True,
+                                 help_text="the device's slow-down factor in force (>= 1)")
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

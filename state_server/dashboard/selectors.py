@@ -3,7 +3,7 @@
 Sources, so that both policies look the same: the live state of the policy (every worker's k, c,
 requests and the slowest, ``coordination.selectors.job_state``), the closed rounds it recorded
 (k, compute and waiting time per worker and round, ``job_history``) and this app's tables
-(host and device from each worker's ``hello``, the evaluator's scores). Under the dynamic policy
+(host, device and slow-down factor from each worker's ``hello``, the evaluator's scores). Under the dynamic policy
 the live k counts the local iterations reported so far this round; under the planned policy it is
 the k the state server decided.
 """
@@ -59,6 +59,7 @@ def _worker_row(w: dict, live: dict, rounds: list, recent: list, info) -> dict:
     live_k = w.get("planned_k") if live["policy"] == "planned" else w.get("k")
     return {
         "rank": rank, "device": info.device if info else None, "host": info.host if info else None,
+        "slowdown": info.slowdown if info else None,
         "round": w.get("round"), "k": last["k"] if last else live_k, "k_live": live_k,
         "c": w.get("c"), "requests": w.get("requests"),
         "compute": round(compute, 6), "wait": round(wait, 6),

@@ -57,7 +57,8 @@ def job(request, fields, job):
 @api("POST", changes_state=True)
 def hello(request, fields, job):
     return services.worker_hello(job=job, rank=int_field(fields, "r"),
-                                 host=fields.get("host"), device=fields.get("device"))
+                                 host=fields.get("host"), device=fields.get("device"),
+                                 slowdown=float_field(fields, "slowdown", required=False))
 
 
 @api("POST", changes_state=True)

@@ -9,8 +9,10 @@ from django.urls import reverse
 from coordination import services
 from coordination.http import ERR_TOKEN_MISSING
 from coordination.models import Job
-from dashboard.services import ERR_ACCURACY, ERR_HELLO_RANK, ERR_HOST
+from dashboard import services as dashboard_services
+from dashboard.services import ERR_ACCURACY, ERR_HELLO_RANK, ERR_HOST, ERR_SLOWDOWN
 from esync.coordination.job import JobState
+from esync.coordination.limits import PolicyError
 
 pytestmark = pytest.mark.usefixtures("fresh_state")
 
@@ -206,6 +208,59 @@ def test_hello_refuses_a_control_character_in_a_host_name(client):
     init(client, "j")
     response = post(client, "job-hello", "j", {"r": 0, "host": "cloud\n3", "device": "cpu0"})
     assert response.status_code == 400 and response.json()["error"] == ERR_HOST
+
+
+# -- hello: the slow-down factor ----------------------------------------------------------------
+
+def test_hello_shows_the_slowdown_factor_in_the_row(client):
+    init(client, "j")
+    post(client, "job-hello", "j", {"r": 1, "host": "h", "device": "cpu1", "slowdown": 6})
+    workers = board(client)["workers"]
+    assert workers[1]["slowdown"] == 6.0 and workers[0]["slowdown"] is None
+
+
+def test_a_later_hello_shows_the_new_factor(client):
+    init(client, "j")
+    for factor in (1, 6):
+        post(client, "job-hello", "j", {"r": 1, "host": "h", "device": "cpu1", "slowdown": factor})
+    assert board(client)["workers"][1]["slowdown"] == 6.0
+
+
+def test_hello_without_a_factor_leaves_it_unknown(client):
+    init(client, "j")
+    assert post(client, "job-hello", "j", {"r": 0, "host": "h", "device": "cpu0"}).status_code == 200
+    assert board(client)["workers"][0]["slowdown"] is None
+
+
+def test_service_stores_the_factor(client):
+    init(client, "j")
+    answer = dashboard_services.worker_hello(job="j", rank=0, host="h", device="cpu0",
+                                             slowdown=2.5)
+    assert answer["slowdown"] == 2.5
+    assert Job.objects.get(name="j").worker_infos.get(rank=0).slowdown == 2.5
+
+
+@pytest.mark.parametrize("bad", [0.5, 0, -3, "fast", "nan", "inf", True, 1e300, [6]])
+def test_hello_refuses_a_bad_slowdown_naming_the_field(client, bad):
+    init(client, "j")
+    response = post(client, "job-hello", "j", {"r": 0, "host": "h", "device": "cpu0",
+                                               "slowdown": bad})
+    assert response.status_code == 400, response.content
+    assert response.json()["field"] == "slowdown"
+    assert board(client)["workers"][0]["slowdown"] is None
+
+
+def test_slowdown_refused_by_the_service_names_the_field(client):
+    init(client, "j")
+    with pytest.raises(PolicyError) as caught:
+        dashboard_services.worker_hello(job="j", rank=0, host="h", device="cpu0", slowdown=0.9)
+    assert caught.value.field == "slowdown" and str(caught.value) == ERR_SLOWDOWN
+
+
+def test_page_has_a_speed_column(anonymous, client):
+    init(client, "j")
+    page = anonymous.get(reverse("dashboard"), {"job": "j"}).content.decode()
+    assert re.search(r"<th[^>]*>speed</th>", page)
 
 
 # -- scores -------------------------------------------------------------------------------------

@@ -6,7 +6,9 @@ import time
 
 import pytest
 
-from esync.coordination.client import StateClient, StateServerError
+import requests
+
+from esync.coordination.client import SpeedAnnouncer, StateClient, StateServerError
 from esync.coordination.service import free_port, start_state_server, stop, wait_until_up
 
 TOKEN = "live-token-19c2"
@@ -219,3 +221,59 @@ def test_restart_rebuilds_every_workers_round_and_duration(tmp_path):
     finally:
         stop(proc)
     assert [(w["round"], w["c"]) for w in workers] == [(2, 0.05), (3, 0.2), (4, 0.1)]
+
+
+# -- hello and the slow-down factor --------------------------------------------------------------
+
+def dashboard_workers(server, job: str) -> list:
+    return requests.get(f"{server.url}/dashboard/api/jobs/{job}/", timeout=10).json()["workers"]
+
+
+def test_client_hello_sends_the_slowdown_factor(server):
+    client = StateClient(server.url, job="speed", token=TOKEN)
+    client.init(2)
+    client.hello(0, host="h", device="cpu0")
+    client.hello(1, host="h", device="cpu1", slowdown=6)
+    assert [w["slowdown"] for w in dashboard_workers(server, "speed")] == [None, 6.0]
+
+
+def test_client_hello_with_a_bad_slowdown_is_refused_naming_the_field(server):
+    client = StateClient(server.url, job="speed-bad", token=TOKEN)
+    client.init(2)
+    with pytest.raises(StateServerError) as info:
+        client.hello(0, host="h", device="cpu0", slowdown=0.5)
+    assert info.value.status == 400 and info.value.field == "slowdown"
+
+
+def test_speed_announcer_sends_the_new_factor_without_blocking(server):
+    StateClient(server.url, job="speed-live", token=TOKEN).init(2)
+    announcer = SpeedAnnouncer(StateClient(server.url, job="speed-live", token=TOKEN), 1,
+                               host="h", device="cpu1")
+    started = time.monotonic()
+    announcer.changed(6)
+    assert time.monotonic() - started < 0.05           # the round does not wait for HTTP
+    announcer.close()
+    assert announcer.sent == 1
+    assert dashboard_workers(server, "speed-live")[1]["slowdown"] == 6.0
+
+
+def test_speed_announcer_reports_a_refused_hello_instead_of_raising(server):
+    StateClient(server.url, job="speed-refused", token=TOKEN).init(2)
+    lines = []
+    announcer = SpeedAnnouncer(StateClient(server.url, job="speed-refused", token="wrong"), 0,
+                               host="h", device="cpu0", report=lines.append)
+    announcer.changed(6)
+    announcer.close()
+    assert announcer.sent == 0 and len(lines) == 1 and "wrong token" in lines[0]
+
+
+def test_speed_announcer_reports_an_unreachable_server_instead_of_raising():
+    lines = []
+    client = StateClient(f"http://127.0.0.1:{free_port()}", job="nobody", retry_for=0.3)
+    announcer = SpeedAnnouncer(client, 0, host="h", device="cpu0", report=lines.append,
+                               close_timeout=10)
+    started = time.monotonic()
+    announcer.changed(6)
+    assert time.monotonic() - started < 0.05
+    announcer.close()
+    assert announcer.sent == 0 and len(lines) == 1 and "unreachable" in lines[0]

@@ -4,7 +4,10 @@ The training loop (``esync.worker.trainer``) exists once; an algorithm only fill
 
     prepare()                 before the parameter server's keys are created (optimizer, state server)
     state_arrays()            the algorithm's own state (checkpointed; rank 0's reaches everyone)
-    announce(host, device)    once the job exists everywhere: say where this worker runs (dashboard)
+    announce(host, device, slowdown)  once the job exists everywhere: say where this worker runs
+                              and its slow-down factor (dashboard)
+    speed_changed(slowdown)   the device's slow-down factor in force changed (--speed-schedule):
+                              tell the dashboard without holding up the round
     continue_local(k, c, rec) True while this worker should run another local iteration this round
     local_step(rec)           after the backward pass of each local iteration
     aggregate(rec, want_stop) end of the round: exchange with the other workers; returns "stop now"
@@ -94,8 +97,12 @@ class Algorithm:
     def setup(self) -> None:
         """Runs once the global model is in place, before the first round."""
 
-    def announce(self, *, host: str, device: str) -> None:
+    def announce(self, *, host: str, device: str, slowdown: float | None = None) -> None:
         """Runs after setup: tell a coordinator, if the algorithm has one, where this worker runs."""
+
+    def speed_changed(self, slowdown: float) -> None:
+        """Called between rounds when the device's slow-down factor changed; must not block
+        on the network nor raise because of it (training goes on whatever the dashboard does)."""
 
     def continue_local(self, k: int, last_c: float, record: RoundRecord) -> bool:
         return k == 0

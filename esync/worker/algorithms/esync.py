@@ -29,7 +29,7 @@ from mxnet import nd
 
 import esync.worker.algorithms.aggregate as aggregate
 from esync.worker.algorithms.base import Algorithm, datas
-from esync.coordination.client import ReadinessAsker, StateClient
+from esync.coordination.client import ReadinessAsker, SpeedAnnouncer, StateClient
 
 MOMENTUM_STATE = "outer_momentum.{}"     # checkpoint names of the outer optimizer's buffers
 MAX_REPORTS_PER_CALL = 64                # the state server's limit for one batch of round reports
@@ -46,6 +46,8 @@ class ESync(Algorithm):
         self.momentum = ([nd.zeros(p.shape, ctx=w.ctx) for p in w.trainable]
                          if self.outer.has_state else [None] * len(w.trainable))
         self.client = self.reporter = None
+        self.where = None                    # (host, device) as announced: for later hellos
+        self.speed_announcer = None          # made at the first speed change
         self.next_k = 1                      # planned policy: k_i of the coming round
         self.plan_sent = None                # round whose plan rank 0 wrote into the last push
         self.reported = None                 # rank 0: the control sum it reported last round
@@ -75,9 +77,25 @@ class ESync(Algorithm):
         self.aux = datas(w.aux)
         self.aux_sum = [nd.zeros_like(x) for x in self.aux]
 
-    def announce(self, *, host: str, device: str) -> None:
+    def announce(self, *, host: str, device: str, slowdown: float | None = None) -> None:
+        """Before the training clock starts, in the training thread (as before the factor was
+        added): a refused hello here is a misconfigured job and ends the worker like any call."""
         if self.client is not None:
-            self.client.hello(self.worker.rank, host=host, device=device)
+            self.where = (host, device)
+            self.client.hello(self.worker.rank, host=host, device=device, slowdown=slowdown)
+
+    def speed_changed(self, slowdown: float) -> None:
+        """Mid-training: the hello goes from a background thread and its failures are only
+        reported (``SpeedAnnouncer``), so the round neither waits for nor dies of the dashboard."""
+        if self.client is None or self.where is None:
+            return
+        if self.speed_announcer is None:
+            cfg = self.config
+            host, device = self.where
+            self.speed_announcer = SpeedAnnouncer(
+                StateClient(cfg.state_url, job=cfg.job, token=cfg.state_token),
+                self.worker.rank, host=host, device=device)
+        self.speed_announcer.changed(slowdown)
 
     def continue_local(self, k: int, last_c: float, record) -> bool:
         cfg, w = self.config, self.worker
@@ -156,6 +174,8 @@ class ESync(Algorithm):
         return sum(c.requests_made for c in clients if c is not None)
 
     def close(self) -> None:
+        if self.speed_announcer is not None:
+            self.speed_announcer.close()
         if self.reporter is not None:
             self.reporter.close()
         if self.client is not None:

@@ -66,6 +66,11 @@ document.getElementById("job").addEventListener("change", (event) => {
 });
 
 // -- the worker table ---------------------------------------------------------------------------
+// The device's slow-down factor in force, as the worker last said ("x6": six times slower).
+function speed(slowdown) {
+  return slowdown === null || slowdown === undefined ? "–" : `x${+Number(slowdown).toFixed(2)}`;
+}
+
 function workerRow(w) {
   const row = el("tr", { class: "worker", "data-rank": w.rank });
   if (w.slowest) row.classList.add("is-slowest");
@@ -76,6 +81,7 @@ function workerRow(w) {
   row.appendChild(rank);
   row.appendChild(el("td", { class: "device" }, w.device || "–"));
   row.appendChild(el("td", { class: "host" }, w.host || "–"));
+  row.appendChild(el("td", { class: "speed num" }, speed(w.slowdown)));
   row.appendChild(el("td", { class: "k num" }, w.k === null ? "–" : String(w.k)));
   row.appendChild(el("td", { class: "k-live num" }, w.k_live === null ? "–" : String(w.k_live)));
   row.appendChild(el("td", { class: "c num" }, w.c ? fmt(w.c * 1000, 1) : "–"));
