@@ -141,14 +141,90 @@ def test_two_worker_sync_equals_the_original_sync_step(tmp_path, small_data):
                       original_sync(replicas(small_data)))
 
 
-@pytest.mark.parametrize("rule", ["mean", "weighted", "fednova"])
-def test_esync_with_one_local_step_and_unit_global_lr_equals_ssgd(tmp_path, small_data, rule):
+def test_esync_with_one_local_step_and_unit_global_lr_equals_ssgd(tmp_path, small_data):
+    """Every k_i = 1, so the rules cannot differ here: the unequal-k test below checks them."""
     run_cluster(tmp_path, small_data, "-m", "esync", "--local-iters", 1, "-gl", 1, *NO_OUTER_MOMENTUM,
-                "--aggregation", rule, "--workers", 2, "--slowdown", "1", "-ll", LR,
+                "--aggregation", "mean", "--workers", 2, "--slowdown", "1", "-ll", LR,
                 "-b", BATCH, "--max-rounds", STEPS, "-e", 1, "--max-seconds", 0, "--seed", SEED,
                 "--no-evaluator")
     assert_same_model(final_checkpoint(tmp_path / "lenet" / "esync"),
                       original_sync(replicas(small_data)))
+
+
+def _dumps(folder, tag):
+    """{(rank, step): {name: array}} of the files the workers' ``Algorithm.dump`` wrote."""
+    out = {}
+    for f in folder.glob(f"{tag}-rank*-*.npz"):
+        rank, step = f.stem[len(tag) + 5:].split("-")
+        with np.load(f) as z:
+            out[int(rank), int(step)] = {n: z[n] for n in z.files}
+    return out
+
+
+def _listed(arrays, name):
+    return [arrays[f"{name}.{i}"] for i in range(sum(n.startswith(name + ".") for n in arrays))]
+
+
+def _rel_error(got, want):
+    return max(float(np.max(np.abs(g - w)) / (np.max(np.abs(w)) + 1e-12))
+               for g, w in zip(got, want))
+
+
+TRAINABLE = [n for n, p in models.named_parameters(models.build("lenet", mx.cpu(), seed=SEED)).items()
+             if p.grad_req != "null"]
+UNEQUAL_ROUNDS, OUTER_GL = 8, 0.7
+
+
+@pytest.mark.parametrize("rule,momentum,nesterov", [("weighted", 0.0, False),
+                                                    ("fednova", 0.0, False),
+                                                    ("weighted", 0.5, True)],
+                         ids=["weighted", "fednova", "weighted-nesterov"])
+def test_esync_rule_with_unequal_k_is_the_pure_rule_on_the_workers_deltas(
+        tmp_path, small_data, rule, momentum, nesterov):
+    """Two workers slowed 1x and 3x under the planned policy run unequal k_i. Each worker dumps
+    the delta and k it exchanges every round (``$ESYNC_DUMP_PUSHES``); rank 0's checkpoint of
+    round t must be ``esync.worker.algorithms.aggregate``'s pure rule (and outer optimizer) applied
+    to round t-1's checkpoint, buffer and those deltas. The mean rule, or heavy-ball momentum
+    in place of Nesterov, would give another model: the test checks that too, so it can fail."""
+    from esync.worker.algorithms import aggregate
+    from esync.worker.algorithms.esync import MOMENTUM_STATE
+    dumps = tmp_path / "dumps"
+    run_cluster(tmp_path, small_data, "-m", "esync", "--policy", "planned", "--workers", 2,
+                "--slowdown", "1,3", "--aggregation", rule, "--outer-momentum", momentum,
+                "--nesterov" if nesterov else "--no-nesterov", "-gl", OUTER_GL, "-ll", LR,
+                "-b", BATCH, "--max-rounds", UNEQUAL_ROUNDS, "-e", 1, "--max-seconds", 0,
+                "--seed", SEED, "--no-evaluator", env={"ESYNC_DUMP_PUSHES": str(dumps)})
+    store = CheckpointStore(tmp_path / "lenet" / "esync" / "checkpoints")
+    models_, buffers = {}, {}
+    for t in range(1, UNEQUAL_ROUNDS + 1):
+        _, arrays = store.load(store.path_for(t), network="lenet")
+        state = store.read_state(store.path_for(t))
+        models_[t] = [arrays[n] for n in TRAINABLE]
+        buffers[t] = [state.get(MOMENTUM_STATE.format(i)) for i in range(len(TRAINABLE))]
+    pushed = _dumps(dumps, "esync")
+
+    def rule_applied(t, rule_name, outer):
+        deltas = [_listed(pushed[r, t], "delta") for r in (0, 1)]
+        ks = [int(pushed[r, t]["k"]) for r in (0, 1)]
+        out = []
+        for i, start in enumerate(models_[t - 1]):
+            agg = aggregate.aggregate(rule_name, np.zeros_like(start), [d[i] for d in deltas], ks)
+            step, _ = outer.step(agg, buffers[t - 1][i])
+            out.append(aggregate.apply_step(start, step, OUTER_GL))
+        return out
+
+    right = aggregate.OuterOptimizer(momentum, nesterov)
+    unequal = [t for t in range(2, UNEQUAL_ROUNDS + 1)
+               if pushed[0, t]["k"] != pushed[1, t]["k"]]
+    assert unequal, {t: (int(pushed[0, t]["k"]), int(pushed[1, t]["k"])) for t in models_}
+    for t in range(2, UNEQUAL_ROUNDS + 1):
+        assert _rel_error(models_[t], rule_applied(t, rule, right)) < 1e-4, t
+    wrong = {"mean rule": lambda t: rule_applied(t, "mean", right)}
+    if momentum:
+        wrong["heavy-ball momentum"] = lambda t: rule_applied(
+            t, rule, aggregate.OuterOptimizer(momentum, not nesterov))
+    for name, replay in wrong.items():
+        assert max(_rel_error(models_[t], replay(t)) for t in unequal) > 1e-2, name
 
 
 def test_sync_workers_start_from_rank_zero_model(tmp_path, small_data):
