@@ -291,27 +291,68 @@ def test_async_trains_and_stops_cleanly(tmp_path, fashion_dir_factory):
 ASYNC_LR, ASYNC_STEPS = 0.02, 4
 
 
-def test_dcasgd_replay_differs_from_plain_sgd_on_the_same_pushes(small_data):
-    """The cluster test below can tell DC-ASGD from SGD (it would pass if -dcasgd were ignored
-    only if the two updates gave the same weights)."""
-    dc = server_replay(small_data, ASYNC_STEPS, ASYNC_LR, dc_lambda=DCASGD_LAMBDA)
-    sgd = server_replay(small_data, ASYNC_STEPS, ASYNC_LR)
-    assert max(np.max(np.abs(dc[n] - sgd[n]) / (np.abs(sgd[n]) * 1e-4 + 1e-6)) for n in dc) > 10
-
-
 @pytest.mark.parametrize("mode_args,dc_lambda", [(["-m", "async"], 0.0),
-                                                  (["-m", "async", "-dcasgd", 1], DCASGD_LAMBDA)],
-                         ids=["async-sgd", "dcasgd"])
+                                                  (["-m", "async", "-dcasgd", 1], 0.0),
+                                                  (["-m", "async", "-dcasgd", 2], DCASGD_LAMBDA)],
+                         ids=["async-sgd", "dcasgd-is-sgd-alone", "dcasgd-mxnet"])
 def test_async_server_applies_its_optimizer_to_each_push(tmp_path, small_data, mode_args,
                                                          dc_lambda):
-    """One worker, so the pushes are known: the weights equal the server rule replayed in process
-    (lr x the batch-summed gradient, plus DC-ASGD's compensation with -dcasgd 1)."""
+    """One worker, so the pushes are known: the weights equal the rule replayed in process
+    (lr x the batch-summed gradient). DC-ASGD as published (-dcasgd 1, lambda > 0) is plain SGD
+    alone, since w_now == w_bak at every step; MXNet's server variant (-dcasgd 2) is not: it
+    compensates with the weight before the previous update."""
     run_cluster(tmp_path, small_data, *mode_args, "--workers", 1, "--slowdown", "1",
                 "-l", ASYNC_LR, "-b", 16, "--max-rounds", ASYNC_STEPS, "-e", 1,
                 "--max-seconds", 0, "--seed", SEED, "--no-evaluator")
     mode_dir = next((tmp_path / "lenet").iterdir())
-    assert_same_model(final_checkpoint(mode_dir, steps=ASYNC_STEPS),
-                      server_replay(small_data, ASYNC_STEPS, ASYNC_LR, dc_lambda=dc_lambda))
+    got = final_checkpoint(mode_dir, steps=ASYNC_STEPS)
+    assert_same_model(got, server_replay(small_data, ASYNC_STEPS, ASYNC_LR, dc_lambda=dc_lambda))
+    if dc_lambda:       # the replay can tell the two rules apart on these pushes
+        sgd = server_replay(small_data, ASYNC_STEPS, ASYNC_LR)
+        assert max(np.max(np.abs(got[n] - sgd[n]) / (np.abs(sgd[n]) * 1e-4 + 1e-6))
+                   for n in got) > 10
+
+
+DC_STEPS = 12
+
+
+def test_dcasgd_two_workers_push_the_published_compensation(tmp_path, small_data):
+    """Two workers (1x, 2x), each dumping what it exchanges every step ($ESYNC_DUMP_PUSHES).
+    Replayed in process on the same shard and batches: the gradient is the one of the model the
+    worker last pulled (w_bak), the push is g + lambda g*g*(w_now - w_bak) with w_now the
+    server's model just before the push, and w_bak of step t+1 is the model pulled back after
+    step t's push (w_now - lr x push, the server's SGD, where no other push came in between).
+    Stale steps occur (w_now != w_bak), so the compensation term is checked, not zero."""
+    dumps = tmp_path / "dumps"
+    run_cluster(tmp_path, small_data, "-m", "async", "-dcasgd", 1, "--workers", 2,
+                "--slowdown", "1,2", "-l", ASYNC_LR, "-b", 16, "--max-rounds", DC_STEPS,
+                "-e", DC_STEPS, "--max-seconds", 0, "--seed", SEED, "--no-evaluator",
+                env={"ESYNC_DUMP_PUSHES": str(dumps)})
+    pushed = _dumps(dumps, "dcasgd")
+    stale = plain_sgd_steps = 0
+    for rank in (0, 1):
+        steps = sorted(t for r, t in pushed if r == rank)
+        assert steps[:DC_STEPS] == list(range(1, DC_STEPS + 1)), steps
+        rep = Replica(small_data, "lenet", 2, rank, 16)
+        for t in steps:
+            d = {name: _listed(pushed[rank, t], name) for name in ("grad", "w_bak", "w_now",
+                                                                   "pushed")}
+            for p, bak in zip(rep.trainable.values(), d["w_bak"]):
+                p.set_data(mx.nd.array(bak))
+            rep.backward()
+            g = [p.grad().asnumpy() for p in rep.trainable.values()]
+            assert _rel_error(d["grad"], g) < 1e-4, (rank, t)
+            want = [gi + DCASGD_LAMBDA * gi * gi * (now - bak)
+                    for gi, now, bak in zip(g, d["w_now"], d["w_bak"])]
+            assert _rel_error(d["pushed"], want) < 1e-4, (rank, t)
+            if (rank, t + 1) in pushed:       # no push landed between pull and push: SGD seen
+                after = _listed(pushed[rank, t + 1], "w_bak")
+                own = [now - ASYNC_LR * c for now, c in zip(d["w_now"], d["pushed"])]
+                plain_sgd_steps += _rel_error(after, own) < 1e-5
+            if _rel_error(d["w_now"], d["w_bak"]) > 1e-6:
+                stale += 1
+                assert _rel_error(d["pushed"], g) > 1e-7, (rank, t)   # compensated
+    assert stale >= 3 and plain_sgd_steps >= 3, (stale, plain_sgd_steps)
 
 
 def test_esync_fast_worker_runs_about_four_local_steps_per_slow_one(tmp_path,

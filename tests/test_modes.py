@@ -20,7 +20,7 @@ def test_cli_values_map_to_the_registry_classes():
 
 
 @pytest.mark.parametrize("args, folder", [
-    (("sync", 0, 0), "sync"), (("async", 1, 0), "dcasgd"), (("async", 1, 1), "dcasgd-niid"),
+    (("sync", 0, 0), "sync"), (("async", 1, 0), "dcasgd"), (("async", 2, 0), "dcasgd-mxnet"), (("async", 1, 1), "dcasgd-niid"),
     (("esync", 0, 2), "esync-niid-shuffled"), (("local", 0, 1), "local-niid")])
 def test_folder_names_follow_mode_and_split(args, folder):
     assert mode_dir_name(*args) == folder

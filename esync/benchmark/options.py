@@ -219,7 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     r = parser.add_argument_group("what to run")
     r.add_argument("--budget", type=positive_float, default=60.0,
                    help="training seconds per run (the launcher's --max-seconds)")
-    r.add_argument("--modes", default=",".join(modes.NAMES),
+    r.add_argument("--modes", default=",".join(modes.BENCHMARK_NAMES),
                    help="comma-separated subset of " + ", ".join(modes.NAMES))
     r.add_argument("--aggregations", default=DEFAULT_AGGREGATIONS,
                    help="ESync rows, one per item: RULE[+nesterov=M|+momentum=M][+gl=G] with "
