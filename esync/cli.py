@@ -109,6 +109,10 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
                         "optimizer on the server (one previous weight per key, overwritten by "
                         "every worker's update: a stale gradient is corrected for one update "
                         "only; logs to dcasgd-mxnet)")
+    g.add_argument("--dcasgd-lambda", type=non_negative_float, default=config.dcasgd_lambda,
+                   help="DC-ASGD's lambda, on the batch-summed gradient: the paper's lambda "
+                        "(defined on the mean gradient) divided by the batch size; 0: no "
+                        "compensation")
     g.add_argument("-s", "--split-by-class", type=_split, default=config.split_by_class,
                    help="; ".join(f"{k}: {v}" for k, v in SPLITS.items()))
     g.add_argument("-ip", "--state-server-ip", default=config.state_server_ip,

@@ -24,7 +24,7 @@ per key, overwritten by every update: it compensates with ``w_now - w_prev``, th
 any worker, not with the model the gradient was computed on. A gradient that is several updates
 stale is corrected for one of them, and even one worker alone is not plain SGD.
 
-lambda (``DCASGD_LAMBDA``, both variants) multiplies ``g * g`` of the batch-*summed* gradient:
+lambda (``--dcasgd-lambda``, default ``DCASGD_LAMBDA``, both variants) multiplies ``g * g`` of the batch-*summed* gradient:
 with batch size B, ``g = B * g_mean``, so the step ``lr * (g + lambda g^2 dw)`` is
 ``lr B (g_mean + lambda B g_mean^2 dw)``. The paper defines lambda on the mean gradient, so this
 lambda is the paper's divided by B: 0.04 with ``-b 64`` is the paper's lambda = 2.56.
@@ -34,7 +34,7 @@ from mxnet import nd
 
 from esync.worker.algorithms.base import Algorithm, datas, grads
 
-DCASGD_LAMBDA = 0.04     # MXNet's default variance-control factor, as the original uses it
+DCASGD_LAMBDA = 0.04     # --dcasgd-lambda's default: MXNet's, as the original uses it
 
 
 class AsyncSGD(Algorithm):
@@ -62,10 +62,9 @@ class DCASGD(AsyncSGD):
     """DC-ASGD as published: compensated at the worker against the model it computed ``g`` on;
     the server runs plain SGD on the compensated gradients (module docstring)."""
 
-    lamda = DCASGD_LAMBDA
-
     def setup(self) -> None:
         super().setup()
+        self.lamda = self.config.dcasgd_lambda
         self.now = [nd.zeros_like(x) for x in self.weights]
         self.compensated = [nd.zeros_like(x) for x in self.weights]
 
@@ -86,4 +85,5 @@ class MXNetDCASGD(AsyncSGD):
     """MXNet's server-side DCASGD (``-dcasgd 2``): one previous weight per key, whoever pushed."""
 
     def optimizer(self) -> mx.optimizer.Optimizer:
-        return mx.optimizer.DCASGD(learning_rate=self.config.learning_rate, lamda=DCASGD_LAMBDA)
+        return mx.optimizer.DCASGD(learning_rate=self.config.learning_rate,
+                                   lamda=self.config.dcasgd_lambda)

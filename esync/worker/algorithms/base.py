@@ -41,6 +41,7 @@ class AlgorithmConfig:
     aggregation: str = "mean"             # --aggregation: mean, weighted or fednova
     outer_momentum: float = 0.0           # --outer-momentum: 0 is none
     nesterov: bool = False                # --nesterov: Nesterov form of the outer momentum
+    dcasgd_lambda: float = 0.04           # --dcasgd-lambda: DC-ASGD's lambda (summed gradient)
     state_url: str = "http://127.0.0.1:10010"
     job: str = "default"
     state_token: Optional[str] = field(default=None, repr=False)
@@ -51,6 +52,7 @@ class AlgorithmConfig:
                    global_lr=args.global_lr, local_iters=args.local_iters, policy=args.policy,
                    epsilon=args.epsilon, aggregation=args.aggregation,
                    outer_momentum=args.outer_momentum, nesterov=bool(args.nesterov),
+                   dcasgd_lambda=getattr(args, "dcasgd_lambda", cls.dcasgd_lambda),
                    state_url=f"http://{args.state_server_ip}:{args.state_server_port}",
                    job=args.job, state_token=args.state_token)
 
