@@ -15,8 +15,15 @@ def test_every_mode_imports_an_algorithm_class(mode):
 
 
 def test_cli_values_map_to_the_registry_classes():
-    from esync.worker.algorithms.async_ import DCASGD, AsyncSGD
-    assert (algorithm_class("async", 0), algorithm_class("async", 1)) == (AsyncSGD, DCASGD)
+    from esync.worker.algorithms.async_ import DCASGD, AsyncSGD, MXNetDCASGD
+    assert ([algorithm_class("async", d) for d in (0, 1, 2)]
+            == [AsyncSGD, DCASGD, MXNetDCASGD])
+
+
+def test_the_mxnet_dcasgd_variant_is_not_in_the_benchmark_default():
+    from esync.common import modes
+    assert "dcasgd-mxnet" in modes.NAMES and "dcasgd-mxnet" not in modes.BENCHMARK_NAMES
+    assert modes.BENCHMARK_NAMES == ("esync", "sync", "async", "dcasgd", "local")
 
 
 @pytest.mark.parametrize("args, folder", [
