@@ -170,7 +170,8 @@ def _rel_error(got, want):
                for g, w in zip(got, want))
 
 
-TRAINABLE = [n for n, p in models.named_parameters(models.build("lenet", mx.cpu(), seed=SEED)).items()
+TRAINABLE = [n for n, p in models.named_parameters(models.build("lenet", mx.cpu(),
+                                                                seed=SEED)).items()
              if p.grad_req != "null"]
 UNEQUAL_ROUNDS, OUTER_GL = 8, 0.7
 

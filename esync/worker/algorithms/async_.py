@@ -24,10 +24,11 @@ per key, overwritten by every update: it compensates with ``w_now - w_prev``, th
 any worker, not with the model the gradient was computed on. A gradient that is several updates
 stale is corrected for one of them, and even one worker alone is not plain SGD.
 
-lambda (``--dcasgd-lambda``, default ``DCASGD_LAMBDA``, both variants) multiplies ``g * g`` of the batch-*summed* gradient:
-with batch size B, ``g = B * g_mean``, so the step ``lr * (g + lambda g^2 dw)`` is
-``lr B (g_mean + lambda B g_mean^2 dw)``. The paper defines lambda on the mean gradient, so this
-lambda is the paper's divided by B: 0.04 with ``-b 64`` is the paper's lambda = 2.56.
+lambda (``--dcasgd-lambda``, default ``DCASGD_LAMBDA``, both variants) multiplies ``g * g`` of
+the batch-*summed* gradient: with batch size B, ``g = B * g_mean``, so the step
+``lr * (g + lambda g^2 dw)`` is ``lr B (g_mean + lambda B g_mean^2 dw)``. The paper defines
+lambda on the mean gradient, so this lambda is the paper's divided by B: 0.04 with ``-b 64`` is
+the paper's lambda = 2.56.
 """
 import mxnet as mx
 from mxnet import nd
