@@ -21,7 +21,8 @@ log_dir = os.path.join(_ROOT, "logs")    # -ld: logs go to <log_dir>/<network>/<
 eval_duration = "auto"    # -e: evaluate every this many rounds (iterations in sync/async/local);
                           # auto: every round in a cluster, ~10% of the wall time in local mode
 mode = "esync"            # -m: esync, sync, async or local
-use_dcasgd = 0            # -dcasgd: 1 puts MXNet's DC-ASGD optimizer on the server in async mode
+use_dcasgd = 0            # -dcasgd (async mode): 1 DC-ASGD as published, 2 MXNet's server-side DCASGD
+dcasgd_lambda = 0.04      # --dcasgd-lambda: x g*g of the batch-summed gradient (paper's lambda / batch)
 split_by_class = 0        # -s: 0 i.i.d.; 1 class-sorted shards fed in class order (the original's
                           # non-i.i.d.); 2 the same shards reshuffled every epoch (milder)
 state_server_ip = "127.0.0.1"   # -ip: ESync state server host

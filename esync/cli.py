@@ -34,6 +34,12 @@ def _flag01(text):
     return int(text)
 
 
+def _dcasgd(text):
+    if text not in ("0", "1", "2"):
+        raise argparse.ArgumentTypeError(f"must be 0, 1 or 2, got {text}")
+    return int(text)
+
+
 def _split(text):
     from esync.worker.data import SPLITS
     if text not in {str(k) for k in SPLITS}:
@@ -96,8 +102,17 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
                         "10%% of the wall time")
     g.add_argument("-m", "--mode", default=config.mode, choices=["esync", "sync", "async", "local"],
                    help="synchronization algorithm")
-    g.add_argument("-dcasgd", "--use-dcasgd", type=_flag01, default=config.use_dcasgd,
-                   help="1: DC-ASGD optimizer on the server (with -m async)")
+    g.add_argument("-dcasgd", "--use-dcasgd", type=_dcasgd, default=config.use_dcasgd,
+                   help="with -m async: 1: DC-ASGD as published (Zheng et al. 2017: each "
+                        "worker compensates its gradient with the model it computed it on, the "
+                        "server runs SGD; one extra model pull per step); 2: MXNet's DCASGD "
+                        "optimizer on the server (one previous weight per key, overwritten by "
+                        "every worker's update: a stale gradient is corrected for one update "
+                        "only; logs to dcasgd-mxnet)")
+    g.add_argument("--dcasgd-lambda", type=non_negative_float, default=config.dcasgd_lambda,
+                   help="DC-ASGD's lambda, on the batch-summed gradient: the paper's lambda "
+                        "(defined on the mean gradient) divided by the batch size; 0: no "
+                        "compensation")
     g.add_argument("-s", "--split-by-class", type=_split, default=config.split_by_class,
                    help="; ".join(f"{k}: {v}" for k, v in SPLITS.items()))
     g.add_argument("-ip", "--state-server-ip", default=config.state_server_ip,

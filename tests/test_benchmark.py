@@ -251,7 +251,7 @@ def test_bad_arguments_from_the_command_line():
     proc = run_script("--modes", "esync,foo", timeout=300)
     assert (proc.returncode, proc.stderr.strip()) == (2, (
         "esync-benchmark: error: argument --modes: 'foo' is not a mode; choose from esync, "
-        "sync, async, dcasgd, local (comma-separated)"))
+        "sync, async, dcasgd, dcasgd-mxnet, local (comma-separated)"))
 
 
 def test_netns_asked_for_where_impossible_names_why(data_dir, tmp_path, monkeypatch):

@@ -6,8 +6,9 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from esync.worker.data import (FASHION_FILES, BatchStream, DataError, iterate_batches,
-                        load_fashion_mnist, partition, read_idx, write_idx)
+from esync.worker.data import (CLASS_SORTED, FASHION_FILES, IID, BatchStream, DataError,
+                               iterate_batches, load_fashion_mnist, partition, read_idx,
+                               training_shard, write_idx)
 
 
 def _header(type_code, shape):
@@ -321,6 +322,46 @@ def test_batch_stream_without_shuffle_goes_in_order():
     assert list(_ids(stream.next_batch()[0])) == list(range(20))
     assert list(_ids(stream.next_batch()[0])) == list(range(20, 40))
     assert list(_ids(stream.next_batch()[0])) == list(range(20))
+
+
+def test_batch_stream_keep_last_ends_each_pass_with_the_partial_batch():
+    images, labels = _indexed_set(50)
+    stream = BatchStream(images, labels, 16, shuffle=False, keep_last=True)
+    assert stream.batches_per_epoch == 4
+    sizes = [len(_ids(stream.next_batch()[0])) for _ in range(4)]
+    assert sizes == [16, 16, 16, 2] and (stream.epoch, stream.samples_seen) == (0, 50)
+    assert list(_ids(stream.next_batch()[0])) == list(range(16))
+    assert (stream.epoch, stream.samples_seen) == (1, 66)
+
+
+def test_class_sorted_stream_feeds_every_sample_of_the_shard_once_per_epoch():
+    """-s 1 as the trainer builds it: two passes each give the whole shard, in class order,
+    the last (partial) batch included."""
+    images, labels = _indexed_set(1000)
+    index, reshuffle = training_shard(labels, 3, 1, CLASS_SORTED)
+    assert not reshuffle and len(index) % 64 != 0        # 333 samples: a partial last batch
+    stream = BatchStream(images[index], labels[index], 64, shuffle=reshuffle,
+                         keep_last=not reshuffle)
+    for epoch in range(2):
+        fed = []
+        while len(fed) < len(index):
+            data, label = stream.next_batch()
+            assert stream.epoch == epoch
+            fed.extend(_ids(data))
+        assert fed == list(images[index][:, 0, 0])       # each once, in the shard's order
+        assert stream.samples_seen == (epoch + 1) * len(index)
+    assert len(_ids(stream.next_batch()[0])) == 64 and stream.epoch == 2
+
+
+def test_shuffled_streams_still_drop_the_partial_batch():
+    images, labels = _indexed_set(1000)
+    _, reshuffle = training_shard(labels, 3, 1, IID)
+    assert reshuffle
+    stream = BatchStream(images[:333], labels[:333], 64, shuffle=reshuffle,
+                         keep_last=not reshuffle)
+    assert stream.batches_per_epoch == 5
+    assert all(len(_ids(stream.next_batch()[0])) == 64 for _ in range(6))
+    assert stream.epoch == 1
 
 
 @pytest.mark.parametrize("size", [32, 224])

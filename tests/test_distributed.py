@@ -141,14 +141,91 @@ def test_two_worker_sync_equals_the_original_sync_step(tmp_path, small_data):
                       original_sync(replicas(small_data)))
 
 
-@pytest.mark.parametrize("rule", ["mean", "weighted", "fednova"])
-def test_esync_with_one_local_step_and_unit_global_lr_equals_ssgd(tmp_path, small_data, rule):
+def test_esync_with_one_local_step_and_unit_global_lr_equals_ssgd(tmp_path, small_data):
+    """Every k_i = 1, so the rules cannot differ here: the unequal-k test below checks them."""
     run_cluster(tmp_path, small_data, "-m", "esync", "--local-iters", 1, "-gl", 1, *NO_OUTER_MOMENTUM,
-                "--aggregation", rule, "--workers", 2, "--slowdown", "1", "-ll", LR,
+                "--aggregation", "mean", "--workers", 2, "--slowdown", "1", "-ll", LR,
                 "-b", BATCH, "--max-rounds", STEPS, "-e", 1, "--max-seconds", 0, "--seed", SEED,
                 "--no-evaluator")
     assert_same_model(final_checkpoint(tmp_path / "lenet" / "esync"),
                       original_sync(replicas(small_data)))
+
+
+def _dumps(folder, tag):
+    """{(rank, step): {name: array}} of the files the workers' ``Algorithm.dump`` wrote."""
+    out = {}
+    for f in folder.glob(f"{tag}-rank*-*.npz"):
+        rank, step = f.stem[len(tag) + 5:].split("-")
+        with np.load(f) as z:
+            out[int(rank), int(step)] = {n: z[n] for n in z.files}
+    return out
+
+
+def _listed(arrays, name):
+    return [arrays[f"{name}.{i}"] for i in range(sum(n.startswith(name + ".") for n in arrays))]
+
+
+def _rel_error(got, want):
+    return max(float(np.max(np.abs(g - w)) / (np.max(np.abs(w)) + 1e-12))
+               for g, w in zip(got, want))
+
+
+TRAINABLE = [n for n, p in models.named_parameters(models.build("lenet", mx.cpu(),
+                                                                seed=SEED)).items()
+             if p.grad_req != "null"]
+UNEQUAL_ROUNDS, OUTER_GL = 8, 0.7
+
+
+@pytest.mark.parametrize("rule,momentum,nesterov", [("weighted", 0.0, False),
+                                                    ("fednova", 0.0, False),
+                                                    ("weighted", 0.5, True)],
+                         ids=["weighted", "fednova", "weighted-nesterov"])
+def test_esync_rule_with_unequal_k_is_the_pure_rule_on_the_workers_deltas(
+        tmp_path, small_data, rule, momentum, nesterov):
+    """Two workers slowed 1x and 3x under the planned policy run unequal k_i. Each worker dumps
+    the delta and k it exchanges every round (``$ESYNC_DUMP_PUSHES``); rank 0's checkpoint of
+    round t must be ``esync.worker.algorithms.aggregate``'s pure rule (and outer optimizer) applied
+    to round t-1's checkpoint, buffer and those deltas. The mean rule, or heavy-ball momentum
+    in place of Nesterov, would give another model: the test checks that too, so it can fail."""
+    from esync.worker.algorithms import aggregate
+    from esync.worker.algorithms.esync import MOMENTUM_STATE
+    dumps = tmp_path / "dumps"
+    run_cluster(tmp_path, small_data, "-m", "esync", "--policy", "planned", "--workers", 2,
+                "--slowdown", "1,3", "--aggregation", rule, "--outer-momentum", momentum,
+                "--nesterov" if nesterov else "--no-nesterov", "-gl", OUTER_GL, "-ll", LR,
+                "-b", BATCH, "--max-rounds", UNEQUAL_ROUNDS, "-e", 1, "--max-seconds", 0,
+                "--seed", SEED, "--no-evaluator", env={"ESYNC_DUMP_PUSHES": str(dumps)})
+    store = CheckpointStore(tmp_path / "lenet" / "esync" / "checkpoints")
+    models_, buffers = {}, {}
+    for t in range(1, UNEQUAL_ROUNDS + 1):
+        _, arrays = store.load(store.path_for(t), network="lenet")
+        state = store.read_state(store.path_for(t))
+        models_[t] = [arrays[n] for n in TRAINABLE]
+        buffers[t] = [state.get(MOMENTUM_STATE.format(i)) for i in range(len(TRAINABLE))]
+    pushed = _dumps(dumps, "esync")
+
+    def rule_applied(t, rule_name, outer):
+        deltas = [_listed(pushed[r, t], "delta") for r in (0, 1)]
+        ks = [int(pushed[r, t]["k"]) for r in (0, 1)]
+        out = []
+        for i, start in enumerate(models_[t - 1]):
+            agg = aggregate.aggregate(rule_name, np.zeros_like(start), [d[i] for d in deltas], ks)
+            step, _ = outer.step(agg, buffers[t - 1][i])
+            out.append(aggregate.apply_step(start, step, OUTER_GL))
+        return out
+
+    right = aggregate.OuterOptimizer(momentum, nesterov)
+    unequal = [t for t in range(2, UNEQUAL_ROUNDS + 1)
+               if pushed[0, t]["k"] != pushed[1, t]["k"]]
+    assert unequal, {t: (int(pushed[0, t]["k"]), int(pushed[1, t]["k"])) for t in models_}
+    for t in range(2, UNEQUAL_ROUNDS + 1):
+        assert _rel_error(models_[t], rule_applied(t, rule, right)) < 1e-4, t
+    wrong = {"mean rule": lambda t: rule_applied(t, "mean", right)}
+    if momentum:
+        wrong["heavy-ball momentum"] = lambda t: rule_applied(
+            t, rule, aggregate.OuterOptimizer(momentum, not nesterov))
+    for name, replay in wrong.items():
+        assert max(_rel_error(models_[t], replay(t)) for t in unequal) > 1e-2, name
 
 
 def test_sync_workers_start_from_rank_zero_model(tmp_path, small_data):
@@ -215,27 +292,80 @@ def test_async_trains_and_stops_cleanly(tmp_path, fashion_dir_factory):
 ASYNC_LR, ASYNC_STEPS = 0.02, 4
 
 
-def test_dcasgd_replay_differs_from_plain_sgd_on_the_same_pushes(small_data):
-    """The cluster test below can tell DC-ASGD from SGD (it would pass if -dcasgd were ignored
-    only if the two updates gave the same weights)."""
-    dc = server_replay(small_data, ASYNC_STEPS, ASYNC_LR, dc_lambda=DCASGD_LAMBDA)
-    sgd = server_replay(small_data, ASYNC_STEPS, ASYNC_LR)
-    assert max(np.max(np.abs(dc[n] - sgd[n]) / (np.abs(sgd[n]) * 1e-4 + 1e-6)) for n in dc) > 10
-
-
-@pytest.mark.parametrize("mode_args,dc_lambda", [(["-m", "async"], 0.0),
-                                                  (["-m", "async", "-dcasgd", 1], DCASGD_LAMBDA)],
-                         ids=["async-sgd", "dcasgd"])
+@pytest.mark.parametrize("mode_args,dc_lambda", [
+    (["-m", "async"], 0.0),
+    (["-m", "async", "-dcasgd", 1, "--dcasgd-lambda", 0], 0.0),
+    (["-m", "async", "-dcasgd", 1], 0.0),
+    (["-m", "async", "-dcasgd", 2], DCASGD_LAMBDA)],
+    ids=["async-sgd", "dcasgd-lambda-0", "dcasgd-is-sgd-alone", "dcasgd-mxnet"])
 def test_async_server_applies_its_optimizer_to_each_push(tmp_path, small_data, mode_args,
                                                          dc_lambda):
-    """One worker, so the pushes are known: the weights equal the server rule replayed in process
-    (lr x the batch-summed gradient, plus DC-ASGD's compensation with -dcasgd 1)."""
+    """One worker, so the pushes are known: the weights equal the rule replayed in process
+    (lr x the batch-summed gradient). DC-ASGD as published (-dcasgd 1, lambda > 0) is plain SGD
+    alone, since w_now == w_bak at every step; MXNet's server variant (-dcasgd 2) is not: it
+    compensates with the weight before the previous update."""
     run_cluster(tmp_path, small_data, *mode_args, "--workers", 1, "--slowdown", "1",
                 "-l", ASYNC_LR, "-b", 16, "--max-rounds", ASYNC_STEPS, "-e", 1,
                 "--max-seconds", 0, "--seed", SEED, "--no-evaluator")
     mode_dir = next((tmp_path / "lenet").iterdir())
-    assert_same_model(final_checkpoint(mode_dir, steps=ASYNC_STEPS),
-                      server_replay(small_data, ASYNC_STEPS, ASYNC_LR, dc_lambda=dc_lambda))
+    got = final_checkpoint(mode_dir, steps=ASYNC_STEPS)
+    assert_same_model(got, server_replay(small_data, ASYNC_STEPS, ASYNC_LR, dc_lambda=dc_lambda))
+    if dc_lambda:       # the replay can tell the two rules apart on these pushes
+        sgd = server_replay(small_data, ASYNC_STEPS, ASYNC_LR)
+        assert max(np.max(np.abs(got[n] - sgd[n]) / (np.abs(sgd[n]) * 1e-4 + 1e-6))
+                   for n in got) > 10
+
+
+DC_STEPS, DC_LAMBDA = 10, 2.0     # lambda large enough for a visible compensation, small enough
+                                   # not to diverge in 10 steps
+
+
+def test_dcasgd_two_workers_push_the_published_compensation(tmp_path, small_data):
+    """Two workers (1x, 2x), each dumping what it exchanges every step ($ESYNC_DUMP_PUSHES).
+    Replayed in process on the same shard and batches: the gradient is the one of the model the
+    worker last pulled (w_bak), the push is g + lambda g*g*(w_now - w_bak) with w_now the
+    server's model just before the push, and w_bak of step t+1 is the model pulled back after
+    step t's push (w_now - lr x push, the server's SGD, where no other push came in between).
+    Stale steps occur (w_now != w_bak), so the compensation term is checked, not zero."""
+    dumps = tmp_path / "dumps"
+    run_cluster(tmp_path, small_data, "-m", "async", "-dcasgd", 1, "--dcasgd-lambda", DC_LAMBDA,
+                "--workers", 2,
+                "--slowdown", "1,2", "-l", ASYNC_LR, "-b", 16, "--max-rounds", DC_STEPS,
+                "-e", DC_STEPS, "--max-seconds", 0, "--seed", SEED, "--no-evaluator",
+                env={"ESYNC_DUMP_PUSHES": str(dumps)})
+    pushed = _dumps(dumps, "dcasgd")
+    # ps-lite numbers the workers in registration order; the launcher pins each device's shard
+    shard = {log[0]["rank"]: log[0]["shard"]
+             for log in device_logs(tmp_path / "lenet" / "dcasgd").values()}
+    assert sorted(shard) == [0, 1], shard
+    stale = plain_sgd_steps = 0
+    compensation = []
+    for rank in (0, 1):
+        steps = sorted(t for r, t in pushed if r == rank)
+        assert steps[:DC_STEPS] == list(range(1, DC_STEPS + 1)), steps
+        rep = Replica(small_data, "lenet", 2, shard[rank], 16)
+        for t in steps:
+            d = {name: _listed(pushed[rank, t], name) for name in ("grad", "w_bak", "w_now",
+                                                                   "pushed")}
+            for p, bak in zip(rep.trainable.values(), d["w_bak"]):
+                p.set_data(mx.nd.array(bak))
+            rep.backward()
+            g = [p.grad().asnumpy() for p in rep.trainable.values()]
+            assert _rel_error(d["grad"], g) < 1e-4, (rank, t)
+            want = [gi + DC_LAMBDA * gi * gi * (now - bak)
+                    for gi, now, bak in zip(g, d["w_now"], d["w_bak"])]
+            assert _rel_error(d["pushed"], want) < 1e-4, (rank, t)
+            if (rank, t + 1) in pushed:       # no push landed between pull and push: SGD seen
+                after = _listed(pushed[rank, t + 1], "w_bak")
+                own = [now - ASYNC_LR * c for now, c in zip(d["w_now"], d["pushed"])]
+                plain_sgd_steps += _rel_error(after, own) < 1e-5
+            if _rel_error(d["w_now"], d["w_bak"]) > 1e-6:
+                stale += 1
+                compensation.append(_rel_error(d["pushed"], g))
+    # Stale steps occurred and their compensation is far above the tolerance: pushing g alone
+    # (plain ASGD) or compensating with another difference would fail the check above.
+    assert stale >= 3 and plain_sgd_steps >= 3, (stale, plain_sgd_steps)
+    assert max(compensation) > 1e-2, compensation
 
 
 def test_esync_fast_worker_runs_about_four_local_steps_per_slow_one(tmp_path,

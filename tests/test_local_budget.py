@@ -44,10 +44,20 @@ def test_max_seconds_ends_the_loop_at_the_wall_time_budget_plus_the_final_score(
 
 
 def test_default_local_scoring_waits_nine_times_the_last_scores_duration(default_run):
-    scored = [log for log in default_run[:-1] if _scoring(log) > 0]    # the stop's score aside
-    gaps = [(later["total_time"] - earlier["total_time"], _scoring(earlier))
-            for earlier, later in zip(scored, scored[1:])]
-    assert len(scored) >= 1 and all(trained >= 9 * took for trained, took in gaps), gaps
+    """Every round between the first score and the stop's is checked against the rule: a
+    scored round trained at least 9x the previous score's duration since it, an unscored one
+    had not yet (judged by the round before it, whose time its own decision time exceeds)."""
+    rounds = default_run[:-1]                              # the stop's score aside
+    assert rounds and _scoring(rounds[0]) > 0              # the first round starts the curve
+    last, checked = rounds[0], []
+    for prev, log in zip(rounds, rounds[1:]):
+        took = _scoring(last)
+        if _scoring(log) > 0:
+            checked.append(("scored", log["total_time"] - last["total_time"] >= 9 * took))
+            last = log
+        else:
+            checked.append(("not due", prev["total_time"] - last["total_time"] < 9 * took))
+    assert checked and all(ok for _, ok in checked), checked
 
 
 def test_max_train_seconds_bounds_the_training_time_of_the_logs(main_py, real_fashion_subset,

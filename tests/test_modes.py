@@ -15,12 +15,19 @@ def test_every_mode_imports_an_algorithm_class(mode):
 
 
 def test_cli_values_map_to_the_registry_classes():
-    from esync.worker.algorithms.async_ import DCASGD, AsyncSGD
-    assert (algorithm_class("async", 0), algorithm_class("async", 1)) == (AsyncSGD, DCASGD)
+    from esync.worker.algorithms.async_ import DCASGD, AsyncSGD, MXNetDCASGD
+    assert ([algorithm_class("async", d) for d in (0, 1, 2)]
+            == [AsyncSGD, DCASGD, MXNetDCASGD])
+
+
+def test_the_mxnet_dcasgd_variant_is_not_in_the_benchmark_default():
+    from esync.common import modes
+    assert "dcasgd-mxnet" in modes.NAMES and "dcasgd-mxnet" not in modes.BENCHMARK_NAMES
+    assert modes.BENCHMARK_NAMES == ("esync", "sync", "async", "dcasgd", "local")
 
 
 @pytest.mark.parametrize("args, folder", [
-    (("sync", 0, 0), "sync"), (("async", 1, 0), "dcasgd"), (("async", 1, 1), "dcasgd-niid"),
+    (("sync", 0, 0), "sync"), (("async", 1, 0), "dcasgd"), (("async", 2, 0), "dcasgd-mxnet"), (("async", 1, 1), "dcasgd-niid"),
     (("esync", 0, 2), "esync-niid-shuffled"), (("local", 0, 1), "local-niid")])
 def test_folder_names_follow_mode_and_split(args, folder):
     assert mode_dir_name(*args) == folder

@@ -234,7 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--budget", type=positive_float, default=DEFAULT_BUDGET,
                    help="training seconds per run (the launcher's --max-seconds); 40 keeps the "
                         "default within 100 min on 2 cores")
-    r.add_argument("--modes", default=",".join(modes.NAMES),
+    r.add_argument("--modes", default=",".join(modes.BENCHMARK_NAMES),
                    help="comma-separated subset of " + ", ".join(modes.NAMES))
     r.add_argument("--aggregations", default=DEFAULT_AGGREGATIONS,
                    help="ESync rows, one per item: RULE[+nesterov=M|+momentum=M][+gl=G] with "

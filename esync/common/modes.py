@@ -24,6 +24,7 @@ class Mode:
     dcasgd: int = 0     # the -dcasgd value that runs it
     summary: str = ""   # the original's summary file stem (ESync -> ESync.json)
     cluster: bool = True  # False: one process, no parameter server
+    benchmark: bool = True  # in the benchmark's default --modes (False: a variant, on request)
 
     def algorithm_class(self):
         module, _, cls = self.algorithm.partition(":")
@@ -44,6 +45,9 @@ MODES: tuple[Mode, ...] = (
     Mode("async", "ASGD", "b", "esync.worker.algorithms.async_:AsyncSGD", "async", summary="Async"),
     Mode("dcasgd", "DC-ASGD", "g", "esync.worker.algorithms.async_:DCASGD", "async", dcasgd=1,
          summary="DCASGD"),
+    Mode("dcasgd-mxnet", "DC-ASGD (MXNet server)", "c",
+         "esync.worker.algorithms.async_:MXNetDCASGD", "async", dcasgd=2,
+         summary="DCASGD-MXNet", benchmark=False),
     Mode("local", "Standalone SGD", "k", "esync.worker.algorithms.standalone:Standalone", "local",
          summary="Local", cluster=False),
 )
@@ -54,6 +58,7 @@ SPLITS: tuple[Split, ...] = (
 )
 
 NAMES = tuple(m.name for m in MODES)
+BENCHMARK_NAMES = tuple(m.name for m in MODES if m.benchmark)   # the benchmark's default modes
 CLI_MODES = tuple(dict.fromkeys(m.cli_mode for m in MODES))   # the -m choices, in order
 BASELINE = "sync"           # the speedup's reference
 STANDALONE = "local"        # one device alone
@@ -75,7 +80,7 @@ def find(name: str) -> Mode | None:
 def for_cli(mode: str, use_dcasgd: int = 0) -> Mode:
     """The mode that ``-m mode -dcasgd use_dcasgd`` runs."""
     for m in MODES:
-        if m.cli_mode == mode and (m.dcasgd == int(bool(use_dcasgd)) or mode != "async"):
+        if m.cli_mode == mode and (m.dcasgd == int(use_dcasgd) or mode != "async"):
             return m
     raise ValueError(f"unknown mode {mode!r}; choose one of: {', '.join(CLI_MODES)}")
 

@@ -245,6 +245,9 @@ SPLITS = {
 def training_shard(labels, num_parts, part, split=IID, seed=1):
     """``(indices in feed order, reshuffle every epoch?)`` of worker ``part``'s training shard.
 
+    The stream that does not reshuffle (``CLASS_SORTED``) also keeps each pass's last partial
+    batch (``BatchStream(keep_last=not reshuffle)``), as the original does.
+
     ``split`` is a -s value (``SPLITS``). ``CLASS_SORTED`` is the original's ClassSplitSampler:
     the shard's samples sorted by class (stable, so by index within a class) and walked in that
     order every epoch, so a batch holds one class, or two where classes meet.
@@ -307,12 +310,17 @@ class BatchStream:
     The shard is converted to float32 once; a batch costs one fancy index and one copy.
 
     Attributes: ``epoch`` (0-based index of the pass the last batch came from), ``samples_seen``
-    (samples returned so far), ``num_samples``, ``batches_per_epoch`` (the remainder of each
-    shuffled pass is skipped).
+    (samples returned so far), ``num_samples``, ``batches_per_epoch``.
+
+    ``keep_last``: end every pass with the smaller batch of the ``num_samples % batch_size``
+    samples that are left, so each sample is fed once per pass. The class-sorted stream (-s 1)
+    keeps it, as the original ESync's DataLoader does: dropping it would never train on the end
+    of the shard's last class. Without it (the shuffled streams) the remainder of each pass is
+    skipped; the next reshuffle puts other samples there.
     """
 
     def __init__(self, images, labels, batch_size, input_size=IMAGE_SIZE, ctx=None, seed=1,
-                 shuffle=True):
+                 shuffle=True, keep_last=False):
         images, labels = _check_images_labels(images, labels)
         _check_int("batch_size", batch_size, 1)
         _check_int("input_size", input_size, 1)
@@ -323,8 +331,10 @@ class BatchStream:
         self.input_size = int(input_size)
         self.ctx = ctx if ctx is not None else _mx().cpu()
         self.shuffle = shuffle
+        self.keep_last = bool(keep_last)
         self.num_samples = len(images)
-        self.batches_per_epoch = self.num_samples // self.batch_size
+        self.batches_per_epoch = (-(-self.num_samples // self.batch_size) if self.keep_last
+                                  else self.num_samples // self.batch_size)
         self.epoch = 0
         self.samples_seen = 0
         self._x = _to_float(images)
@@ -340,13 +350,14 @@ class BatchStream:
 
     def next_batch(self):
         """Return the next ``(data, label)`` pair of NDArrays, starting a new epoch when needed."""
-        if self._pos + self.batch_size > self.num_samples:
+        needed = 1 if self.keep_last else self.batch_size
+        if self._pos + needed > self.num_samples:
             self.epoch += 1
             self._order = self._new_order()
             self._pos = 0
         idx = self._order[self._pos:self._pos + self.batch_size]
-        self._pos += self.batch_size
-        self.samples_seen += self.batch_size
+        self._pos += len(idx)
+        self.samples_seen += len(idx)
         return _make_batch(self._x[idx], self._y[idx], self.input_size, self.ctx)
 
     def __iter__(self):

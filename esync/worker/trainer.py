@@ -105,7 +105,8 @@ def _shard(args, shard: int, num_workers: int) -> data.BatchStream:
                                          seed=args.seed)
     return data.BatchStream(images[index], labels[index], args.batch_size,
                             models.input_size(args.network), resolve_context(args),
-                            seed=args.seed * 1000 + shard, shuffle=shuffle)
+                            seed=args.seed * 1000 + shard, shuffle=shuffle,
+                            keep_last=not shuffle)
 
 
 def _device_name(args, rank: int) -> str:
@@ -413,7 +414,7 @@ class TrainingLoop:
                 with record.phase("emulated slowdown"):
                     time.sleep((factor - 1) * work)
             loss_sum += float(loss.mean().asscalar())
-            record.num_samples += self.args.batch_size
+            record.num_samples += int(y.shape[0])
             k += 1
             last_c = time.perf_counter() - start
         return k, last_c, loss_sum / max(k, 1)

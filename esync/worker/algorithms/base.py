@@ -18,10 +18,13 @@ The training loop (``esync.worker.trainer``) exists once; an algorithm only fill
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Optional
 
 import mxnet as mx
+import numpy as np
 from mxnet import gluon, nd
 
 from esync.worker.kvstore import ControlSum, KeyMap, KVChannel, control_vector, read_control
@@ -41,6 +44,7 @@ class AlgorithmConfig:
     aggregation: str = "mean"             # --aggregation: mean, weighted or fednova
     outer_momentum: float = 0.0           # --outer-momentum: 0 is none
     nesterov: bool = False                # --nesterov: Nesterov form of the outer momentum
+    dcasgd_lambda: float = 0.04           # --dcasgd-lambda: DC-ASGD's lambda (summed gradient)
     state_url: str = "http://127.0.0.1:10010"
     job: str = "default"
     state_token: Optional[str] = field(default=None, repr=False)
@@ -51,6 +55,7 @@ class AlgorithmConfig:
                    global_lr=args.global_lr, local_iters=args.local_iters, policy=args.policy,
                    epsilon=args.epsilon, aggregation=args.aggregation,
                    outer_momentum=args.outer_momentum, nesterov=bool(args.nesterov),
+                   dcasgd_lambda=getattr(args, "dcasgd_lambda", cls.dcasgd_lambda),
                    state_url=f"http://{args.state_server_ip}:{args.state_server_port}",
                    job=args.job, state_token=args.state_token)
 
@@ -85,6 +90,8 @@ class Algorithm:
     def __init__(self, worker: Worker):
         self.worker = worker
         self.config = worker.config
+        dump = os.environ.get(DUMP_ENV)
+        self.dump_dir = Path(dump) if dump else None
 
     # -- hooks -------------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -123,6 +130,22 @@ class Algorithm:
         pass
 
     # -- helpers shared by the algorithms ----------------------------------------------------
+    def dump(self, tag: str, step: int, **arrays) -> None:
+        """Test hook, off unless ``$ESYNC_DUMP_PUSHES`` names a folder: write the arrays this
+        worker exchanges at ``step`` to ``<folder>/<tag>-rank<R>-<step>.npz`` (lists of arrays
+        as ``name.0``, ``name.1``, ...), so a test can replay the rule on the real values of a
+        real cluster. Costs nothing when unset; never used in runs."""
+        if self.dump_dir is None:
+            return
+        flat = {}
+        for name, value in arrays.items():
+            if isinstance(value, (list, tuple)):
+                flat.update({f"{name}.{i}": _numpy(v) for i, v in enumerate(value)})
+            else:
+                flat[name] = _numpy(value)
+        self.dump_dir.mkdir(parents=True, exist_ok=True)
+        np.savez(self.dump_dir / f"{tag}-rank{self.worker.rank}-{step:06d}.npz", **flat)
+
     def sgd(self, learning_rate: float) -> gluon.Trainer:
         """Plain SGD applied locally (no KVStore inside gluon's Trainer).
 
@@ -150,6 +173,13 @@ class Algorithm:
         summed = read_control(control_sum.asnumpy(), w.num_workers)
         self.global_samples = summed.samples
         return summed
+
+
+DUMP_ENV = "ESYNC_DUMP_PUSHES"     # tests only: folder for Algorithm.dump's files
+
+
+def _numpy(value):
+    return value.asnumpy() if isinstance(value, nd.NDArray) else np.asarray(value)
 
 
 def grads(params: list) -> list:

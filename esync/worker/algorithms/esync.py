@@ -114,7 +114,9 @@ class ESync(Algorithm):
         w, cfg = self.worker, self.config
         with record.phase("global update"):
             push = aggregate.push_weight(cfg.aggregation, w.round_k)
-            pushed = [(x - s) * push for x, s in zip(self.weights, self.start)]
+            deltas = [x - s for x, s in zip(self.weights, self.start)]
+            self.dump("esync", w.round_no, delta=deltas, k=w.round_k)
+            pushed = [d * push for d in deltas]
             plan = self._plan_to_send()
             control = self.exchange(pushed + self.aux, self.delta_sum + self.aux_sum,
                                     w.keys.trainable + w.keys.aux, want_stop,
