@@ -12,8 +12,8 @@ from pathlib import Path
 
 from esync import cli
 from esync.common import runlayout
-from esync.common.argtypes import (UsageParser, bounded_number, non_negative_int, port,
-                                   positive_int, slowdown_factors)
+from esync.common.argtypes import (HelpFormatter, UsageParser, bounded_number, non_negative_int,
+                                   port, positive_int, slowdown_factors)
 from esync.common.errors import UsageError
 import esync.launch.remote as remote
 from esync.launch.backends.netns import add_network_args, layout_from_args
@@ -55,7 +55,7 @@ def device_list(text: str, workers: int) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = UsageParser(prog="esync-cluster", description=__doc__.split("\n\n")[0],
-                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                         formatter_class=HelpFormatter)
     cli.add_training_args(parser)
     cli.add_run_args(parser, one_worker=False)
     parser.set_defaults(**CLUSTER_DEFAULTS)
