@@ -1,4 +1,4 @@
-"""Prepare Fashion-MNIST under <data_dir>/fashion-mnist/ (see esync/prepare.py).
+"""Prepare Fashion-MNIST under <data_dir>/fashion-mnist/ (see esync/worker/prepare.py).
 
 Usage, from the repository root: python scripts/prepare_data.py [--data-dir D] [--quiet]
 """

@@ -22,7 +22,7 @@ Two policies, chosen per job at ``init``:
     ``budget - c_i`` of the answer would be told "not ready", so the trainer does not ask for
     it; it asks when the lease runs out, and the server, not the worker, says "ready". A fast
     worker asks twice per round (after its first iteration, which also enters the round, and
-    once at the end) instead of before each iteration (``esync.state_client.ReadinessAsker``).
+    once at the end) instead of before each iteration (``esync.coordination.client.ReadinessAsker``).
     The worker counts the lease from the answer's arrival (the budget was computed after the
     call's wait in the server's queue, which under load is most of a call), so a lease is too
     long for the rule as it stood by at most the answer's transit back (a worker that may be the
