@@ -170,13 +170,13 @@ def test_a_live_quota_change_takes_effect(caps, procs):
 
 
 def test_tiny_caps_use_a_longer_period(caps):
-    caps.cap("crawl", 0.005)                  # 0.5 ms per 100 ms is under the kernel's floor
+    caps.cap("crawl", 0.005)                  # 0.05 ms per 10 ms: under one 5 ms slice
     group = caps.group("crawl")
     if caps.controller.version == 1:
-        assert (group / "cpu.cfs_quota_us").read_text().strip() == "1000"
-        assert (group / "cpu.cfs_period_us").read_text().strip() == "200000"
+        assert (group / "cpu.cfs_quota_us").read_text().strip() == "5000"
+        assert (group / "cpu.cfs_period_us").read_text().strip() == "1000000"
     else:
-        assert (group / "cpu.max").read_text().split() == ["1000", "200000"]
+        assert (group / "cpu.max").read_text().split() == ["5000", "1000000"]
     assert caps.cores("crawl") == pytest.approx(0.005)
     caps.cap("crawl", None)
     assert caps.cores("crawl") is None
@@ -359,8 +359,8 @@ def test_v2_quota_is_written_to_cpu_max(tmp_path):
     assert (caps.path / "cgroup.subtree_control").read_text() == "+cpu"
     assert (caps.path / "cpu.weight").read_text() == "10000\n"
     caps.cap("cpu1", 0.45)
-    assert (caps.group("cpu1") / "cpu.max").read_text() == "4500 10000\n"
-    assert caps.cores("cpu1") == pytest.approx(0.45)
+    assert (caps.group("cpu1") / "cpu.max").read_text() == "5000 11112\n"
+    assert caps.cores("cpu1") == pytest.approx(0.45, rel=1e-3)     # the period is whole us
     caps.cap("cpu1", None)
     assert (caps.group("cpu1") / "cpu.max").read_text() == "max 10000\n"
 
@@ -368,7 +368,8 @@ def test_v2_quota_is_written_to_cpu_max(tmp_path):
 # pure functions ----------------------------------------------------------------------------------
 
 def test_quota_is_a_fraction_of_one_core():
-    assert quota_for(0.45) == (4_500, 10_000)
+    assert quota_for(0.45) == (5_000, 11_112)            # at least a 5 ms slice per period
+    assert quota_for(0.5) == (5_000, 10_000)
     assert quota_for(1) == (10_000, 10_000)
     assert quota_for(1.5) == (15_000, 10_000)
     assert quota_for(0.005) == (5_000, 1_000_000)       # at least a 5 ms slice per period

@@ -311,6 +311,8 @@ class TrainingLoop:
                 "bytes_pushed": pushed - pushed0, "bytes_pulled": pulled - pulled0,
                 "slowdown": slowdown, "emulation": args.emulation,
                 "rank": w.rank, "shard": self.shard,
+                # the process's CPU seconds so far: what a CPU cap rations (all threads)
+                "cpu_time": round(time.process_time(), 4),
                 "state_requests": self.algo.state_requests() - requests0,
                 "train_loss": round(loss, 5),
                 # total_time is the training time; wall_time adds inline scoring (standalone)
