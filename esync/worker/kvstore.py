@@ -54,8 +54,14 @@ class KVChannel:
         return self.kv.num_workers
 
     def init(self, keys: Sequence[int], values: Sequence[nd.NDArray]) -> None:
-        """Register keys; only rank 0's values reach the server (then every worker waits)."""
-        self.kv.init(list(keys), list(values))
+        """Register keys; only rank 0's values reach the server (then every worker waits).
+
+        Copies are pushed: on CPU, MXNet's distributed store keeps the array last pushed for a
+        key as that key's receive buffer (no copy), so every later pull of the key first lands
+        in it. Pushing the model's own arrays would let a pull into other arrays (DC-ASGD's
+        w_now) overwrite rank 0's model.
+        """
+        self.kv.init(list(keys), [v.copy() for v in values])
 
     def pull(self, keys: Sequence[int], outs: Sequence[nd.NDArray]) -> None:
         self.kv.pull(list(keys), out=list(outs))
@@ -64,7 +70,10 @@ class KVChannel:
 
     def push_pull(self, keys: Sequence[int], values: Sequence[nd.NDArray],
                   outs: Sequence[nd.NDArray]) -> None:
-        """Push `values`, pull the aggregated results into `outs`; one wait for everything."""
+        """Push `values`, pull the aggregated results into `outs`; one wait for everything.
+
+        `values` are scratch afterwards: the store keeps them as the keys' receive buffers (see
+        ``init``), so this pull and later ones write into them too."""
         keys = list(keys)
         self.kv.push(keys, list(values))
         self.kv.pull(keys, out=list(outs))
