@@ -38,4 +38,8 @@ policy = "dynamic"        # --policy: ESync state-server policy, dynamic (origin
 aggregation = "mean"      # --aggregation: ESync's rule for the deltas: mean (original), weighted, fednova
 outer_momentum = 0.0      # --outer-momentum: momentum on ESync's aggregated delta (0: none)
 nesterov = False          # --nesterov: Nesterov form of the outer momentum
+comm_share = 1.0          # --comm-share: exchange's largest share of an ESync round (1: rounds
+                          # sized by compute alone, as the original)
+max_round_seconds = 0.0   # --max-round-seconds: bound on a stretched round (0: none)
+overlap = False           # --overlap: exchange round r while round r+1 computes
 epsilon = "auto"        # --epsilon: ESync slack: "auto" (scales with iteration time) or absolute seconds (the original: 0.5)

@@ -26,6 +26,8 @@ DMLC_ROLES = ("scheduler", "server", "worker", "evaluator")
 
 _slowdown = bounded_number(float, low=1, must=">= 1 (a device F times slower)")
 _momentum = bounded_number(float, low=0, high=0.999, must="a momentum in [0, 0.999]")
+_comm_share = bounded_number(float, low=0, strict=True, high=1, must="a share in (0, 1]")
+_round_bound = bounded_number(float, low=0, high=3600, must="seconds in [0, 3600]")
 
 
 def _flag01(text):
@@ -180,6 +182,16 @@ def add_run_args(parser: argparse.ArgumentParser, *, one_worker: bool = True) ->
                         "(DiLoCo: 0.9 with --nesterov and -gl 0.7; 0: none)")
     e.add_argument("--nesterov", action=argparse.BooleanOptionalAction, default=config.nesterov,
                    help="Nesterov form of --outer-momentum")
+    e.add_argument("--comm-share", type=_comm_share, default=config.comm_share,
+                   help="the state server stretches rounds so that the exchange takes at most "
+                        "this share of a round (measured transfer times; 1: rounds sized by "
+                        "compute alone, as the original)")
+    e.add_argument("--max-round-seconds", type=_round_bound,
+                   default=config.max_round_seconds,
+                   help="bound on a round's duration when --comm-share stretches it (0: none)")
+    e.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=config.overlap,
+                   help="exchange round r's deltas while round r+1 computes (the global model "
+                        "moves one round late; each worker goes on from it plus its own delta)")
     e.add_argument("--job", default=os.environ.get("ESYNC_JOB", "default"),
                    help="job id on the state server")
     e.add_argument("--state-token", default=os.environ.get("ESYNC_STATE_TOKEN"),

@@ -454,3 +454,54 @@ def test_state_token_is_never_written_to_disk(tmp_path, small_data):
                 "--max-rounds", 3, "-e", 3, "--max-seconds", 0, env={"ESYNC_STATE_TOKEN": token})
     written = [p for p in tmp_path.rglob("*") if p.is_file() and token.encode() in p.read_bytes()]
     assert written == []
+
+
+OVERLAP_ROUNDS = 6
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["exchange-then-compute", "overlap"])
+def test_every_rank_holds_the_same_global_model_after_each_round(tmp_path, small_data, overlap):
+    """Two workers (1x, 3x: unequal k under the planned policy) dump the global model they hold
+    after each round's sums arrived. Every rank must hold the same one: with --overlap it moves
+    one round late, and each worker trains on it plus its own delta, never on another model."""
+    dumps = tmp_path / "dumps"
+    run_cluster(tmp_path, small_data, "-m", "esync", "--policy", "planned", "--workers", 2,
+                "--slowdown", "1,3", "-ll", LR, "-b", BATCH, "--max-rounds", OVERLAP_ROUNDS,
+                "-e", 1, "--max-seconds", 0, "--seed", SEED, "--no-evaluator",
+                *(["--overlap"] if overlap else []), env={"ESYNC_DUMP_PUSHES": str(dumps)})
+    held = _dumps(dumps, "global")
+    assert sorted(t for r, t in held if r == 0) == list(range(1, OVERLAP_ROUNDS + 1))
+    for t in range(1, OVERLAP_ROUNDS + 1):
+        models_ = [_listed(held[r, t], "model") for r in (0, 1)]
+        assert _rel_error(models_[0], models_[1]) < 1e-6, t
+    # The checkpoint of the last round is that shared model, not a worker's own continuation.
+    final = final_checkpoint(tmp_path / "lenet" / "esync", steps=OVERLAP_ROUNDS)
+    assert _rel_error([final[n] for n in TRAINABLE], models_[0]) < 1e-6
+    pushed = _dumps(dumps, "esync")
+    assert any(pushed[0, t]["k"] != pushed[1, t]["k"] for t in range(2, OVERLAP_ROUNDS + 1))
+
+
+def test_overlap_with_one_worker_is_local_sgd(tmp_path, small_data):
+    """One worker, plain mean, no outer momentum: its continuation g + own delta is exactly the
+    model the late aggregate gives, so the run is local SGD (rounds x K steps)."""
+    rounds, k = 4, 3
+    run_cluster(tmp_path, small_data, "-m", "esync", "--overlap", "--local-iters", k,
+                *ORIGINAL_MEAN, "-gl", 1, "--workers", 1, "--slowdown", "1", "-ll", LR,
+                "-b", BATCH, "--max-rounds", rounds, "-e", 1, "--max-seconds", 0, "--seed", SEED,
+                "--no-evaluator")
+    (rep,) = replicas(small_data, workers=1)
+    for _ in range(rounds * k):
+        rep.backward()
+        for p in rep.trainable.values():
+            p.set_data(p.data() - LR * p.grad())
+    assert_same_model(final_checkpoint(tmp_path / "lenet" / "esync", steps=rounds),
+                      rep.values())
+
+
+def test_overlap_trains(tmp_path, fashion_dir_factory):
+    data_dir = fashion_dir_factory(train_per_class=100, test_per_class=30)
+    run_cluster(tmp_path, data_dir, "-m", "esync", "--overlap", "--policy", "planned",
+                "--comm-share", 0.2, "--workers", 2, "--slowdown", "1,2", "-ll", 0.05 / 32,
+                "-b", 32, "--max-rounds", 30, "-e", 10, "--max-seconds", 0)
+    mode_dir = tmp_path / "lenet" / "esync"
+    assert untrained_accuracy(data_dir) < 0.3 < 0.8 < scores(mode_dir)[-1]

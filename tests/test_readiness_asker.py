@@ -19,7 +19,7 @@ class InProcessServer:
     def __init__(self, job: JobState):
         self.job, self.calls = job, []
 
-    def decide(self, rank, k, c, t):
+    def decide(self, rank, k, c, t, d=None):
         self.calls.append((rank, k, t))
         return self.job.decide(rank, k, c, t)
 
@@ -76,7 +76,7 @@ def test_without_a_lease_it_asks_before_every_iteration():
     """An older server (no budget in its answer): the original protocol, one call a step."""
 
     class OldServer(InProcessServer):
-        def decide(self, rank, k, c, t):
+        def decide(self, rank, k, c, t, d=None):
             self.calls.append((rank, k, t))
             return Decision(self.job.decide(rank, k, c, t).ready)
 
@@ -99,7 +99,7 @@ def test_the_lease_counts_from_the_answer_not_from_the_question():
         def __init__(self, clock, queue, budget):
             self.clock, self.queue, self.budget, self.calls = clock, queue, budget, 0
 
-        def decide(self, rank, k, c, t):
+        def decide(self, rank, k, c, t, d=None):
             self.calls += 1
             self.clock.now += self.queue                  # waiting behind other workers' calls
             return Decision(False, self.budget)

@@ -93,24 +93,32 @@ class StateClient:
 
     # -- the API ------------------------------------------------------------------------
 
-    def init(self, num_workers: int, epsilon: float | str = "auto", policy: str = "dynamic") -> dict:
+    def init(self, num_workers: int, epsilon: float | str = "auto", policy: str = "dynamic",
+             sizing=None) -> dict:
         """Create the job (or start a new run of it): round 1, no worker state.
 
-        A key drawn once per call makes its retries harmless (they start no second run).
+        ``sizing`` (``esync.coordination.rules.RoundSizing``; None: rounds sized by compute
+        alone). A key drawn once per call makes its retries harmless (no second run).
         """
-        return self._post("init", {"num_workers": num_workers, "epsilon": epsilon,
-                                   "policy": policy, "key": secrets.token_hex(16)})
+        fields = {"num_workers": num_workers, "epsilon": epsilon, "policy": policy,
+                  "key": secrets.token_hex(16)}
+        if sizing is not None:
+            fields.update(sizing.as_dict())
+        return self._post("init", fields)
 
     def apply(self, rank: int, k: int, c: float, t: int | None = None) -> bool:
         """Dynamic policy: should worker ``rank`` (in round ``t``) stop computing now?"""
         return self.decide(rank, k, c, t).ready
 
-    def decide(self, rank: int, k: int, c: float, t: int | None = None) -> Decision:
+    def decide(self, rank: int, k: int, c: float, t: int | None = None,
+               d: float | None = None) -> Decision:
         """``apply`` with the answer's lease (``esync.coordination.job.Decision``); a server that sends no
         ``budget`` (an older one) gives 0: ask before every iteration, as the original did."""
         fields = {"r": rank, "k": k, "c": c}
         if t is not None:
             fields["t"] = t
+        if d is not None:
+            fields["d"] = d                      # communication time of the last exchange
         answer = self._post("apply", fields)
         budget = answer.get("budget", 0.0)
         if isinstance(budget, bool) or not isinstance(budget, (int, float)) \
@@ -125,21 +133,27 @@ class StateClient:
             fields["t"] = t
         return int(self._post("plan", fields)["k"])
 
-    def report_round(self, t: int, k, c) -> list[int]:
+    def report_round(self, t: int, k, c, d=None) -> list[int]:
         """Planned policy, rank 0: every worker's k and c of round ``t``; returns the plan.
 
         The plan holds every worker's local iterations for the next round the server can still
         influence; a repeated report of round ``t`` returns the same plan.
         """
-        return self.report_rounds([(t, k, c)])[1]
+        return self.report_rounds([(t, k, c, d)])[1]
 
     def report_rounds(self, reports) -> tuple[int, list[int]]:
-        """Several ``(t, k, c)`` round reports in order, in one call (a reporter that fell
+        """Several ``(t, k, c[, d])`` round reports in order, in one call (a reporter that fell
         behind catches up; at most 64, and at most 2 MiB of JSON); returns the last ``(t, plan)``.
+        ``d``: every worker's communication time in round t (sizes the rounds), or None.
         """
-        answer = self._post("rounds", {"rounds": [
-            {"t": t, "k": [int(v) for v in k], "c": [float(v) for v in c]}
-            for t, k, c in reports]})
+        items = []
+        for report in reports:
+            t, k, c = report[:3]
+            item = {"t": t, "k": [int(v) for v in k], "c": [float(v) for v in c]}
+            if len(report) > 3 and report[3] is not None:
+                item["d"] = [float(v) for v in report[3]]
+            items.append(item)
+        answer = self._post("rounds", {"rounds": items})
         return int(answer["t"]), [int(v) for v in answer["plan"]]
 
     def reset(self, rank: int, round: int) -> dict:
@@ -261,6 +275,7 @@ class ReadinessAsker:
         self.client, self.rank, self.clock = client, rank, clock
         self.lease_ends = 0.0
         self.last_round_k = 1           # before round 1 nothing is known: ask at k = 0
+        self.comm = None                # the last exchange's communication time, sent once
 
     def continue_local(self, k: int, last_c: float, t: int, *, timing=None) -> bool:
         """True: run another local iteration in round ``t`` (``k`` done, the last took
@@ -271,11 +286,12 @@ class ReadinessAsker:
                 return True
         elif self.clock() + last_c <= self.lease_ends:
             return True
+        comm, self.comm = self.comm, None
         if timing is None:
-            decision = self.client.decide(self.rank, k, last_c, t)
+            decision = self.client.decide(self.rank, k, last_c, t, comm)
         else:
             with timing():
-                decision = self.client.decide(self.rank, k, last_c, t)
+                decision = self.client.decide(self.rank, k, last_c, t, comm)
         if k > 0 and decision.ready:
             self.lease_ends, self.last_round_k = 0.0, k
             return False

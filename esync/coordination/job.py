@@ -36,13 +36,14 @@ from dataclasses import asdict, dataclass
 from typing import Callable
 
 from esync.coordination.limits import (
-    AUTO, ERR_BATCH, ERR_C, ERR_K, ERR_NUM_WORKERS, ERR_RANK, ERR_ROUND, ERR_ROUND_C,
-    ERR_ROUND_K, ERR_WRONG_POLICY_APPLY, ERR_WRONG_POLICY_PLAN, ERR_WRONG_POLICY_ROUNDS,
-    HISTORY_IN_MEMORY, MAX_BATCH, MAX_C, MAX_K, MAX_ROUND, MAX_WORKERS, OVERHEAD_SMOOTHING,
-    PERSISTED_FIELDS, PLANS_KEPT, PolicyError, PolicyMismatch, check_epsilon, check_float,
-    check_int, check_policy)
+    AUTO, COMM_SMOOTHING, ERR_BATCH, ERR_C, ERR_D, ERR_K, ERR_NUM_WORKERS, ERR_RANK, ERR_ROUND,
+    ERR_ROUND_C, ERR_ROUND_D, ERR_ROUND_K, ERR_WRONG_POLICY_APPLY, ERR_WRONG_POLICY_PLAN,
+    ERR_WRONG_POLICY_ROUNDS, HISTORY_IN_MEMORY, MAX_BATCH, MAX_C, MAX_COMM, MAX_K, MAX_ROUND,
+    MAX_WORKERS, OVERHEAD_SMOOTHING, PERSISTED_FIELDS, PLANS_KEPT, PolicyError, PolicyMismatch,
+    check_epsilon, check_float, check_int, check_policy, check_sizing)
 from esync.coordination.rules import (
-    Decision, NOT_READY, READY, plan_for, plan_round, slack_of, slowest_rank)
+    COMPUTE_ONLY, Decision, NOT_READY, READY, RoundSizing, plan_for, plan_round, round_length,
+    slack_of, slowest_rank, transfer_estimate)
 
 
 @dataclass
@@ -112,6 +113,8 @@ class _Worker:
     round_compute: float = 0.0
     planned_k: int | None = None
     requests: int = 0
+    # Communication time of its last exchange (smoothed; None: never reported).
+    comm: float | None = None
 
 
 class JobState:
@@ -119,7 +122,7 @@ class JobState:
 
     def __init__(self, *, num_workers: int, epsilon: float | str = AUTO, policy: str = "dynamic",
                  clock: Callable[[], float] = time.monotonic, current_round: int = 1,
-                 name: str = "default"):
+                 name: str = "default", sizing: RoundSizing = COMPUTE_ONLY):
         self.num_workers = check_int(num_workers, low=1, high=MAX_WORKERS,
                                      message=ERR_NUM_WORKERS, field="num_workers")
         self.epsilon = check_epsilon(epsilon)
@@ -127,6 +130,8 @@ class JobState:
         self.current_round = check_int(current_round, low=1, high=MAX_ROUND,
                                        message=ERR_ROUND, field="round")
         self.name = name
+        self.sizing = RoundSizing(*check_sizing(sizing.comm_share, sizing.max_round,
+                                                 sizing.overlap))
         self.run = 1                # which run of the job (the state server counts inits)
         self.storage_id = None      # the caller's key for this job in its storage
         self._clock = clock
@@ -146,18 +151,25 @@ class JobState:
 
     # -- the policies ---------------------------------------------------------------------
 
-    def apply(self, rank: int, k: int, c: float, t: int | None = None) -> bool:
+    def apply(self, rank: int, k: int, c: float, t: int | None = None,
+              d: float | None = None) -> bool:
         """Dynamic policy: is worker ``rank`` (``k`` iterations done, last one ``c`` s) ready?
 
         ``t`` (optional, the caller's round): a report of an older round changes nothing and
         answers ready; a newer round is entered first.
         """
-        return self.decide(rank, k, c, t).ready
+        return self.decide(rank, k, c, t, d).ready
 
-    def decide(self, rank: int, k: int, c: float, t: int | None = None) -> Decision:
-        """``apply`` with the lease: how long this "not ready" answer stays true (``Decision``)."""
+    def decide(self, rank: int, k: int, c: float, t: int | None = None,
+               d: float | None = None) -> Decision:
+        """``apply`` with the lease: how long this "not ready" answer stays true (``Decision``).
+
+        ``d`` (optional): the worker's communication time of its last exchange, which sizes the
+        rounds (``round_length``): a round longer than the slowest's iteration makes the slowest
+        fill it too, counted from its entry into the round."""
         rank, k, c = self._check_report(rank, k, c)
         t = self._check_optional_round(t)
+        d = self._check_optional_comm(d)
         if self.policy != "dynamic":
             raise PolicyMismatch(ERR_WRONG_POLICY_APPLY, "policy")
         with self._lock:
@@ -170,28 +182,34 @@ class JobState:
                 # began about k * c ago (for the compute-versus-wait accounting).
                 self._enter(rank, t, now - k * c, durable=False)
             self._record_report(me, k, c, now)
+            self._record_comm(me, d)
             self._dirty.add(rank)
             s = self._slowest()
             slow = self._workers[s]
             in_round = slow.round == self.current_round
-            if in_round and (rank == s or slow.ready):
+            length = self._round_length()
+            longer = length > slow.c                      # the slowest runs several iterations
+            if in_round and (rank == s and not longer or slow.ready):
                 # k = 0: everyone computes at least once
                 return self._become_ready(me) if k > 0 else NOT_READY
-            if rank == s:
+            if rank == s and (not in_round or k == 0):
                 return NOT_READY
-            lease = slow.c - self._slack(rank, s)
+            lease = length - self._slack(rank, s)
             if not in_round or not slow.started:
                 # The slowest has not started this round (or not reported in it): not ready.
-                # It starts after now, so its iteration ends at least c_s from now.
+                # It starts after now, so its round ends at least T from now.
                 return Decision(False, max(0.0, lease))
-            budget = lease - (now - slow.seen)            # remaining - slack
+            # Today's rule counts c_s from the slowest's last report (its only one: its entry);
+            # a longer round counts T from the slowest's entry into the round.
+            since = slow.seen if not longer or slow.round_start is None else slow.round_start
+            budget = lease - (now - since)                # remaining - slack
             if k == 0:
                 return Decision(False, max(0.0, budget))  # everyone computes at least once
             if c > budget:
                 return self._become_ready(me)
             return Decision(False, budget)                # one more iteration fits
 
-    def plan(self, rank: int, c: float, t: int | None = None) -> int:
+    def plan(self, rank: int, c: float, t: int | None = None, d: float | None = None) -> int:
         """Planned policy: local iterations for worker ``rank`` this round (last duration ``c``).
 
         ``t`` as in ``apply``: an older round answers the k planned then, unchanged.
@@ -199,6 +217,7 @@ class JobState:
         rank = self._check_rank(rank)
         c = check_float(c, low=0.0, high=MAX_C, message=ERR_C, field="c")
         t = self._check_optional_round(t)
+        d = self._check_optional_comm(d)
         if self.policy != "planned":
             raise PolicyMismatch(ERR_WRONG_POLICY_PLAN, "policy")
         with self._lock:
@@ -211,12 +230,14 @@ class JobState:
             me.requests += 1
             if c > 0:
                 me.c = c
+            self._record_comm(me, d)
             me.seen = now
             me.started = True
             if me.round_start is None:
                 me.round_start = now
             me.planned_k = plan_for(rank, [w.c for w in self._workers], epsilon=self.epsilon,
-                                    overheads=[w.overhead for w in self._workers])
+                                    overheads=[w.overhead for w in self._workers],
+                                    length=self._round_length())
             self._dirty.add(rank)
             return me.planned_k
 
@@ -237,17 +258,19 @@ class JobState:
             record = self._enter(rank, t, self._clock())
             return RoundEntry(record=record, new_round=new_round, current_round=self.current_round)
 
-    def report_round(self, t: int, ks, cs) -> RoundReport:
-        """Every worker's ``k`` and ``c`` of round ``t`` at once; the plan for the next round.
+    def report_round(self, t: int, ks, cs, ds=None) -> RoundReport:
+        """Every worker's ``k`` and ``c`` (and optionally ``d``, its communication time) of
+        round ``t`` at once; the plan for the next round.
 
         Called by rank 0 after round t's exchange. Enters every worker into round t + 1, closes
         round t for each, and plans with ``plan_round``. A repeated report of a round already
         reported changes nothing and answers the plan given then (or the newest one).
         """
-        return self.report_rounds([(t, ks, cs)])
+        return self.report_rounds([(t, ks, cs, ds)])
 
     def report_rounds(self, reports) -> RoundReport:
-        """Several ``(t, ks, cs)`` reports in order (a reporter catching up); the last answer.
+        """Several ``(t, ks, cs[, ds])`` reports in order (a reporter catching up); the last
+        answer.
 
         Every report is checked before any is applied, so a bad one changes nothing.
         """
@@ -257,17 +280,19 @@ class JobState:
         if self.policy != "planned":
             raise PolicyMismatch(ERR_WRONG_POLICY_ROUNDS, "policy")
         answer = None
-        for t, ks, cs in checked:
-            answer = self._report_round(t, ks, cs)
+        for t, ks, cs, ds in checked:
+            answer = self._report_round(t, ks, cs, ds)
         return answer
 
-    def _check_round_report(self, t, ks, cs) -> tuple[int, list, list]:
+    def _check_round_report(self, t, ks, cs, ds=None) -> tuple[int, list, list, list | None]:
         t = check_int(t, low=1, high=MAX_ROUND - 1, message=ERR_ROUND, field="t")
         ks = self._check_vector(ks, ERR_ROUND_K, "k", integer=True)
         cs = self._check_vector(cs, ERR_ROUND_C, "c", integer=False)
-        return t, ks, cs
+        if ds is not None:
+            ds = self._check_vector(ds, ERR_ROUND_D, "d", integer=False, high=MAX_COMM)
+        return t, ks, cs, ds
 
-    def _report_round(self, t: int, ks: list, cs: list) -> RoundReport:
+    def _report_round(self, t: int, ks: list, cs: list, ds: list | None) -> RoundReport:
         with self._lock:
             if t <= self.last_report_t:
                 kept = t if t in self._plans else self.last_report_t
@@ -291,8 +316,10 @@ class JobState:
                 me.round = max(me.round, t + 1)
                 me.round_k, me.round_compute, me.ready = 0, 0.0, False
                 me.round_start = now
+                self._record_comm(me, ds[rank] if ds is not None else None)
             self.current_round = max(self.current_round, t + 1)
-            plan = plan_round([w.c for w in self._workers], epsilon=self.epsilon)
+            plan = plan_round([w.c for w in self._workers], epsilon=self.epsilon,
+                              length=self._round_length())
             for me, k in zip(self._workers, plan):
                 me.planned_k = k
             self.history.extend(records)
@@ -375,9 +402,10 @@ class JobState:
                     "rank": rank, "k": w.k, "c": w.c, "ready": w.ready, "round": w.round,
                     "seen_ago": None if w.seen is None else round(now - w.seen, 6),
                     "overhead": w.overhead, "planned_k": w.planned_k, "requests": w.requests,
-                    "slack": self._slack(rank, s) if w.c > 0 else None,
+                    "slack": self._slack(rank, s) if w.c > 0 else None, "comm": w.comm,
                 })
             return {"job": self.name, "policy": self.policy, "epsilon": self.epsilon,
+                    "sizing": self.sizing.as_dict(), "round_length": self._round_length(),
                     "num_workers": self.num_workers, "round": self.current_round,
                     "last_reported_round": self.last_report_t,
                     "slowest": s, "workers": workers}
@@ -404,13 +432,14 @@ class JobState:
         c = check_float(c, low=0.0, high=MAX_C, message=ERR_C, field="c")
         return rank, k, c
 
-    def _check_vector(self, values, message: str, field: str, *, integer: bool) -> list:
+    def _check_vector(self, values, message: str, field: str, *, integer: bool,
+                      high: float = MAX_C) -> list:
         message = message.format(num_workers=self.num_workers)
         if not isinstance(values, (list, tuple)) or len(values) != self.num_workers:
             raise PolicyError(message, field)
         if integer:
             return [check_int(v, low=0, high=MAX_K, message=message, field=field) for v in values]
-        return [check_float(v, low=0.0, high=MAX_C, message=message, field=field)
+        return [check_float(v, low=0.0, high=high, message=message, field=field)
                 for v in values]
 
     @staticmethod
@@ -462,6 +491,24 @@ class JobState:
         if me.round_start is None:
             me.round_start = now
         me.k, me.c, me.seen, me.started = k, c, now, True
+
+    def _round_length(self) -> float:
+        """The round's duration T by ``round_length`` from the latest c and communication."""
+        c_s = max(worker.c for worker in self._workers)
+        return round_length(c_s, transfer_estimate([w.comm for w in self._workers]),
+                            self.sizing)
+
+    @staticmethod
+    def _record_comm(me: _Worker, d: float | None) -> None:
+        if d is None or d <= 0:
+            return
+        me.comm = d if me.comm is None else (1 - COMM_SMOOTHING) * me.comm + COMM_SMOOTHING * d
+
+    @staticmethod
+    def _check_optional_comm(d) -> float | None:
+        if d is None:
+            return None
+        return check_float(d, low=0.0, high=MAX_COMM, message=ERR_D, field="d")
 
     def _slowest(self) -> int:
         """Rank with the largest c (lowest rank on ties)."""

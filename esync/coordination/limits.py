@@ -37,6 +37,17 @@ ERR_ROUND_C = ("c must be a list of num_workers ({num_workers}) numbers of secon
                f"{MAX_C:g}]: every worker's last local-iteration duration in round t")
 MAX_BATCH = 64              # round reports in one call (a reporter catching up)
 ERR_BATCH = f"rounds must be a list of 1 to {MAX_BATCH} objects {{t, k, c}}"
+MAX_COMM = 86_400.0         # seconds of one round's communication
+MAX_ROUND_SECONDS = 3_600.0  # the longest bound on a round's duration a job accepts
+COMM_SMOOTHING = 0.5        # weight of the newest round in the communication-time average
+ERR_COMM_SHARE = "comm_share must be a number in (0, 1]: the largest share of a round " \
+                 "communication may take (1: rounds sized by compute alone)"
+ERR_MAX_ROUND = f"max_round must be a number of seconds in [0, {MAX_ROUND_SECONDS:g}] (0: no bound)"
+ERR_OVERLAP = "overlap must be true or false"
+ERR_D = (f"d (the worker's communication time of its last round) must be a number of seconds "
+         f"in [0, {MAX_COMM:g}]")
+ERR_ROUND_D = ("d must be a list of num_workers ({num_workers}) numbers of seconds in [0, "
+               f"{MAX_COMM:g}]: every worker's communication time in round t")
 PLANS_KEPT = 64             # answered plans remembered per job, to answer a repeated report
 
 PERSISTED_FIELDS = ("round", "k", "c", "ready", "planned_k", "overhead", "round_k",
@@ -87,3 +98,15 @@ def check_policy(value) -> str:
     if value not in POLICIES:
         raise PolicyError(ERR_POLICY, "policy")
     return value
+
+
+def check_sizing(comm_share, max_round, overlap) -> tuple[float, float, bool]:
+    """The round-sizing settings of a job (``esync.coordination.rules.round_length``)."""
+    share = check_float(comm_share, low=0.0, high=1.0, message=ERR_COMM_SHARE, field="comm_share")
+    if share <= 0:
+        raise PolicyError(ERR_COMM_SHARE, "comm_share")
+    bound = check_float(max_round, low=0.0, high=MAX_ROUND_SECONDS, message=ERR_MAX_ROUND,
+                        field="max_round")
+    if not isinstance(overlap, bool):
+        raise PolicyError(ERR_OVERLAP, "overlap")
+    return share, bound, overlap

@@ -108,31 +108,84 @@ def planned_k(c_i: float, c_s: float, slack_i: float) -> int:
     return max(1, min(MAX_PLANNED_K, k))
 
 
-def plan_for(rank: int, durations, *, epsilon: float | str, overheads=None) -> int:
-    """The planned policy's k for ``rank`` given every worker's latest duration (0: unknown)."""
+@dataclass(frozen=True)
+class RoundSizing:
+    """How long a round lasts besides the slowest device's one iteration (``round_length``).
+
+    ``comm_share``: the largest share of a round communication may take (1: sized by compute
+    alone, the original ESync); ``max_round``: bound on the round's duration in seconds (0: no
+    bound); ``overlap``: the workers exchange in the background while computing the next round.
+    """
+    comm_share: float = 1.0
+    max_round: float = 0.0
+    overlap: bool = False
+
+    def as_dict(self) -> dict:
+        return {"comm_share": self.comm_share, "max_round": self.max_round,
+                "overlap": self.overlap}
+
+
+COMPUTE_ONLY = RoundSizing()
+OVERLAP_MARGIN = 1.1     # with overlap, a round lasts 10% more than the transfer it hides
+
+
+def round_length(c_s: float, comm: float, sizing: RoundSizing = COMPUTE_ONLY) -> float:
+    """The round's duration T: the slowest device's iteration ``c_s``, stretched so that the
+    transfer ``comm`` (seconds per exchange; 0: unknown) stays within the share.
+
+    Without overlap the exchange follows the computation: its share of a round is
+    ``comm / (T + comm)``, so ``T >= comm * (1 - share) / share``. With overlap it runs during
+    the next round, which only has to outlast it: ``T >= OVERLAP_MARGIN * comm``. T never goes
+    below ``c_s`` (the slowest device computes at least once) nor above ``max(c_s, max_round)``.
+    """
+    if comm <= 0 or sizing.comm_share >= 1.0 and not sizing.overlap:
+        return c_s
+    if sizing.overlap:
+        wanted = OVERLAP_MARGIN * comm
+    else:
+        wanted = comm * (1.0 - sizing.comm_share) / sizing.comm_share
+    if sizing.max_round > 0:
+        wanted = min(wanted, sizing.max_round)
+    return max(c_s, wanted)
+
+
+def transfer_estimate(comms) -> float:
+    """One exchange's transfer time from every worker's measured wait (0: unknown): the
+    smallest. A worker's wait is the transfer plus the time until the last worker pushed; the
+    last one waits for the transfer alone."""
+    known = [d for d in comms if d and d > 0]
+    return min(known) if known else 0.0
+
+
+def plan_for(rank: int, durations, *, epsilon: float | str, overheads=None,
+             length: float | None = None) -> int:
+    """The planned policy's k for ``rank`` given every worker's latest duration (0: unknown)
+    and the round's duration ``length`` (None: the slowest's iteration)."""
     if any(c <= 0 for c in durations):
         return 1                                          # someone has never reported a duration
     s = slowest_rank(durations)
-    return _plan_rank(rank, s, durations, epsilon=epsilon, overheads=overheads)
+    return _plan_rank(rank, s, durations, epsilon=epsilon, overheads=overheads, length=length)
 
 
-def plan_round(durations, *, epsilon: float | str, overheads=None) -> list[int]:
+def plan_round(durations, *, epsilon: float | str, overheads=None,
+               length: float | None = None) -> list[int]:
     """``plan_for`` of every rank at once (O(N))."""
     if any(c <= 0 for c in durations):
         return [1] * len(durations)
     s = slowest_rank(durations)
-    return [_plan_rank(rank, s, durations, epsilon=epsilon, overheads=overheads)
+    return [_plan_rank(rank, s, durations, epsilon=epsilon, overheads=overheads, length=length)
             for rank in range(len(durations))]
 
 
-def _plan_rank(rank: int, s: int, durations, *, epsilon, overheads) -> int:
-    if rank == s:
-        return 1
+def _plan_rank(rank: int, s: int, durations, *, epsilon, overheads, length) -> int:
+    if rank == s and (length is None or length <= durations[s]):
+        return 1                                          # a round of one slowest iteration
     overhead_i = (overheads[rank] or 0.0) if overheads else 0.0
     overhead_s = (overheads[s] or 0.0) if overheads else 0.0
     slack = slack_of(epsilon, c_i=durations[rank], num_workers=len(durations),
                      overhead_i=overhead_i, overhead_s=overhead_s)
-    return planned_k(durations[rank], durations[s], slack)
+    target = durations[s] if length is None else max(length, durations[s])
+    return planned_k(durations[rank], target, slack)
 
 
 @dataclass(frozen=True)

@@ -451,7 +451,8 @@ class TrainingLoop:
         if self.store is None or self.w.rank != 0:
             return
         if round_no % self.args.eval_duration == 0 or stop:
-            arrays = {name: p.data().asnumpy()
+            shared = self.algo.global_model()
+            arrays = {name: (shared[id(p)] if id(p) in shared else p.data()).asnumpy()
                       for name, p in models.named_parameters(self.w.net).items()}
             self.store.save(round_no, arrays, {
                 "network": self.args.network, "mode": self.args.mode,

@@ -192,6 +192,23 @@ def list_field(fields: dict, name: str) -> list:
     return value
 
 
+ERR_NOT_BOOL = "{field} must be true or false (JSON) or 0/1, true/false (form), got {value}"
+
+
+def bool_field(fields: dict, name: str, *, default: bool) -> bool:
+    """A JSON boolean, or a form's ``0``/``1``/``true``/``false``."""
+    value = _get(fields, name, required=False)
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("0", "1", "true", "false"):
+        return value.strip().lower() in ("1", "true")
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    raise FieldError(ERR_NOT_BOOL.format(field=name, value=_short(value)), name)
+
+
 def text_field(fields: dict, name: str, *, default: str) -> str:
     value = _get(fields, name, required=False)
     if value is None:

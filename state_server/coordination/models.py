@@ -17,6 +17,9 @@ class Job(models.Model):
     num_workers = models.PositiveIntegerField()
     epsilon = models.CharField(max_length=32, help_text="'auto' or absolute seconds")
     policy = models.CharField(max_length=16, choices=POLICY_CHOICES)
+    sizing = models.JSONField(default=dict, blank=True,
+                              help_text="round sizing: comm_share, max_round, overlap "
+                                        "(empty: rounds sized by compute alone)")
     current_round = models.PositiveIntegerField(default=1)
     run = models.PositiveIntegerField(default=1, help_text="incremented by every init")
     init_key = models.CharField(max_length=64, blank=True, default="",

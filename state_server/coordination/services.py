@@ -28,7 +28,7 @@ from django.utils import timezone
 
 from esync.coordination.limits import AUTO
 from esync.coordination.job import Changes, JobRegistry, JobState
-from esync.coordination.rules import Decision
+from esync.coordination.rules import COMPUTE_ONLY, Decision, RoundSizing
 
 from .models import Job, RoundReport, WorkerRound, WorkerState
 
@@ -176,23 +176,26 @@ persister = Persister()
 # -- jobs -------------------------------------------------------------------------------------
 
 def job_init(*, name: str, num_workers: int, epsilon: float | str, policy: str,
-             key: str = "") -> dict:
+             key: str = "", sizing: RoundSizing = COMPUTE_ONLY) -> dict:
     """Create job ``name`` or start a new run of it: round 1, no worker state, empty history.
 
     ``key`` (optional, chosen by the client per init) makes a retried init harmless: the same
     key and configuration as the current run answer that run instead of starting another.
     """
-    live = JobState(name=name, num_workers=num_workers, epsilon=epsilon, policy=policy)
+    live = JobState(name=name, num_workers=num_workers, epsilon=epsilon, policy=policy,
+                    sizing=sizing)
     epsilon_db = _epsilon_to_db(live.epsilon)
+    sizing_db = live.sizing.as_dict()
     with transaction.atomic():
         job, created = Job.objects.get_or_create(name=name, defaults={
             "num_workers": live.num_workers, "epsilon": epsilon_db, "policy": live.policy,
-            "current_round": 1, "run": 1, "init_key": key})
+            "sizing": sizing_db, "current_round": 1, "run": 1, "init_key": key})
         repeated = (not created and key and job.init_key == key
-                    and (job.num_workers, job.epsilon, job.policy)
-                    == (live.num_workers, epsilon_db, live.policy))
+                    and (job.num_workers, job.epsilon, job.policy, job.sizing)
+                    == (live.num_workers, epsilon_db, live.policy, sizing_db))
         if not created and not repeated:
             job.num_workers, job.policy, job.epsilon = live.num_workers, live.policy, epsilon_db
+            job.sizing = sizing_db
             job.current_round, job.run, job.init_key = 1, job.run + 1, key
             job.save()
             WorkerState.objects.filter(job=job).delete()
@@ -200,11 +203,12 @@ def job_init(*, name: str, num_workers: int, epsilon: float | str, policy: str,
         current = job_live(name=name)
         return {"job": name, "run": job.run, "num_workers": current.num_workers,
                 "epsilon": current.epsilon, "policy": current.policy,
-                "round": current.current_round}
+                "sizing": current.sizing.as_dict(), "round": current.current_round}
     live.storage_id, live.run = job.pk, job.run
     registry.put(live)
     return {"job": name, "run": job.run, "num_workers": live.num_workers,
-            "epsilon": live.epsilon, "policy": live.policy, "round": live.current_round}
+            "epsilon": live.epsilon, "policy": live.policy, "sizing": sizing_db,
+            "round": live.current_round}
 
 
 def job_live(*, name: str) -> JobState:
@@ -217,7 +221,8 @@ def job_live(*, name: str) -> JobState:
         raise JobNotFound(name)
     rebuilt = JobState(name=name, num_workers=row.num_workers,
                        epsilon=_epsilon_from_db(row.epsilon), policy=row.policy,
-                       current_round=row.current_round)
+                       current_round=row.current_round,
+                       sizing=RoundSizing(**row.sizing) if row.sizing else COMPUTE_ONLY)
     rebuilt.storage_id, rebuilt.run = row.pk, row.run
     workers = {state.rank: {"round": state.round, "k": state.k, "c": state.c,
                             "ready": state.ready, "planned_k": state.planned_k,
@@ -232,7 +237,8 @@ def job_live(*, name: str) -> JobState:
 
 # -- worker calls -------------------------------------------------------------------------------
 
-def worker_apply(*, job: str, rank: int, k: int, c: float, t: int | None = None) -> Decision:
+def worker_apply(*, job: str, rank: int, k: int, c: float, t: int | None = None,
+                 d: float | None = None) -> Decision:
     """Dynamic policy: is the worker ready to aggregate (and for how long is "no" true)?
 
     No database write for an iteration; only a worker's first "ready" of a round (or a newer
@@ -240,16 +246,17 @@ def worker_apply(*, job: str, rank: int, k: int, c: float, t: int | None = None)
     left the local phase: that worker will not ask again, and the others wait for it.
     """
     live = job_live(name=job)
-    decision = live.decide(rank, k, c, t)
+    decision = live.decide(rank, k, c, t, d)
     if live.needs_persisting():
         persister.persist(live)
     return decision
 
 
-def worker_plan(*, job: str, rank: int, c: float, t: int | None = None) -> int:
+def worker_plan(*, job: str, rank: int, c: float, t: int | None = None,
+                d: float | None = None) -> int:
     """Planned policy (one call per worker): local iterations for this worker this round."""
     live = job_live(name=job)
-    k = live.plan(rank, c, t)
+    k = live.plan(rank, c, t, d)
     if live.needs_persisting():
         persister.persist(live)
     return k

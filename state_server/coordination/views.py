@@ -10,17 +10,19 @@ call of an older round changes nothing. ``rounds`` is the one-call-per-round rep
 from django.http import JsonResponse
 
 from esync.coordination.limits import MAX_BATCH
+from esync.coordination.rules import RoundSizing
 
 from . import selectors, services
-from .http import (ERR_NOT_FOUND, ERR_SERVER, FieldError, api, epsilon_field, error_response,
-                   float_field, int_field, list_field, text_field)
+from .http import (ERR_NOT_FOUND, ERR_SERVER, FieldError, api, bool_field, epsilon_field,
+                   error_response, float_field, int_field, list_field, text_field)
 from .selectors import HISTORY_DEFAULT_LIMIT, HISTORY_MAX_LIMIT
 
 DEFAULT_JOB = "default"
 ERR_RUN = "run must be an integer >= 1"
 ERR_KEY = "key (the client's id of this init, to make a retry harmless) must be 1 to 64 characters"
 ERR_BAD_REQUEST = "bad request: {detail}"
-ERR_BATCH_ITEM = "each item of rounds must be an object {\"t\": t, \"k\": [...], \"c\": [...]}"
+ERR_BATCH_ITEM = ("each item of rounds must be an object {\"t\": t, \"k\": [...], \"c\": [...]} "
+                  "(optionally \"d\": [...])")
 HINT_NO_DEFAULT_JOB = ("the job 'default' has not been initialised yet: POST /init/ creates it; "
                        "named jobs live at /jobs/<job>/")
 ERR_FORBIDDEN = "forbidden"
@@ -37,7 +39,13 @@ def init(request, fields, job=DEFAULT_JOB):
         raise FieldError(ERR_KEY, "key")
     return services.job_init(name=job, num_workers=int_field(fields, "num_workers"),
                              epsilon=epsilon_field(fields),
-                             policy=text_field(fields, "policy", default="dynamic"), key=key)
+                             policy=text_field(fields, "policy", default="dynamic"), key=key,
+                             sizing=RoundSizing(
+                                 comm_share=float_field(fields, "comm_share", default=1.0,
+                                                        required=False),
+                                 max_round=float_field(fields, "max_round", default=0.0,
+                                                       required=False),
+                                 overlap=bool_field(fields, "overlap", default=False)))
 
 
 @api("POST", changes_state=True)
@@ -50,8 +58,9 @@ def apply_answer(fields: dict, job: str) -> dict:
     calls it too)."""
     rank, k, c = int_field(fields, "r"), int_field(fields, "k"), float_field(fields, "c")
     t = int_field(fields, "t", required=False)
+    d = float_field(fields, "d", required=False)
     _ignore_worker_timestamp(fields)
-    decision = services.worker_apply(job=job, rank=rank, k=k, c=c, t=t)
+    decision = services.worker_apply(job=job, rank=rank, k=k, c=c, t=t, d=d)
     return {"ready": int(decision.ready), "budget": round(decision.budget, 6)}
 
 
@@ -59,8 +68,9 @@ def apply_answer(fields: dict, job: str) -> dict:
 def plan(request, fields, job=DEFAULT_JOB):
     rank, c = int_field(fields, "r"), float_field(fields, "c")
     t = int_field(fields, "t", required=False)
+    d = float_field(fields, "d", required=False)
     _ignore_worker_timestamp(fields)
-    return {"k": services.worker_plan(job=job, rank=rank, c=c, t=t)}
+    return {"k": services.worker_plan(job=job, rank=rank, c=c, t=t, d=d)}
 
 
 @api("POST", changes_state=True)
@@ -71,7 +81,7 @@ def reset(request, fields, job=DEFAULT_JOB):
 
 
 @api("POST", changes_state=True, max_body="ESYNC_STATE_MAX_ROUNDS_BODY",
-     max_containers=4 + 3 * MAX_BATCH)
+     max_containers=4 + 4 * MAX_BATCH)
 def rounds(request, fields, job=DEFAULT_JOB):
     """Rank 0's report of round t: every worker's k and c; answers the plan of every worker.
 
@@ -83,11 +93,15 @@ def rounds(request, fields, job=DEFAULT_JOB):
         for item in list_field(fields, "rounds"):
             if not isinstance(item, dict):
                 raise FieldError(ERR_BATCH_ITEM, "rounds")
-            batch.append((int_field(item, "t"), list_field(item, "k"), list_field(item, "c")))
+            batch.append(_round_report(item))
         return services.job_report_rounds(job=job, reports=batch)
-    t = int_field(fields, "t")
-    return services.job_report_rounds(job=job, reports=[
-        (t, list_field(fields, "k"), list_field(fields, "c"))])
+    return services.job_report_rounds(job=job, reports=[_round_report(fields)])
+
+
+def _round_report(fields: dict) -> tuple:
+    """``(t, k, c, d)`` of one round; ``d`` (every worker's communication time) is optional."""
+    d = list_field(fields, "d") if fields.get("d") is not None else None
+    return int_field(fields, "t"), list_field(fields, "k"), list_field(fields, "c"), d
 
 
 @api("GET", changes_state=False)

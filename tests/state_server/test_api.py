@@ -69,10 +69,11 @@ def test_multipart_form_bodies_are_accepted(client):
     assert response.status_code == 200 and response.json()["num_workers"] == 3
 
 
-def test_init_defaults_to_auto_slack_and_the_dynamic_policy(client):
+def test_init_defaults_to_auto_slack_the_dynamic_policy_and_rounds_sized_by_compute(client):
     answer = post_json(client, job_url("init"), {"num_workers": 4}).json()
     assert answer == {"job": "j", "run": 1, "num_workers": 4, "epsilon": "auto",
-                      "policy": "dynamic", "round": 1}
+                      "policy": "dynamic", "round": 1,
+                      "sizing": {"comm_share": 1.0, "max_round": 0.0, "overlap": False}}
 
 
 def test_apply_with_json_answers_not_ready_on_the_first_report(client, job):

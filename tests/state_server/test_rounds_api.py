@@ -162,3 +162,35 @@ def test_a_round_entered_by_apply_and_lost_in_a_restart_is_entered_again(client)
         "rank").values("round")] == [2, 2]
     assert sorted(WorkerRound.objects.filter(job__name="d").values_list("round", "rank")) == [
         (1, 0), (1, 1)]
+
+
+def test_rounds_stretched_by_reported_transfer_times_survive_a_restart(client):
+    """Round sizing is part of the job: given at init, persisted, and the reported transfer
+    times ("d") stretch the plan (comm / (T + comm) <= 0.25: T >= 3 x 0.24 s = 0.72 s)."""
+    answer = post(client, "init", {"num_workers": 2, "policy": "planned", "comm_share": 0.25,
+                                   "max_round": 5, "overlap": False})
+    assert answer.json()["sizing"] == {"comm_share": 0.25, "max_round": 5.0, "overlap": False}
+    post(client, "rounds", {"t": 1, "k": [1, 1], "c": [0.02, 0.08]})
+    plan = post(client, "rounds", {"t": 2, "k": [4, 1], "c": [0.02, 0.08],
+                                   "d": [0.3, 0.24]}).json()["plan"]
+    assert plan == [36, 9]                   # floor(0.72 / c + 1/2)
+    services.registry.clear()                # a restarted server rebuilds the job's sizing
+    assert live_state(client)["sizing"] == {"comm_share": 0.25, "max_round": 5.0,
+                                            "overlap": False}
+
+
+@pytest.mark.parametrize("fields,field", [
+    ({"comm_share": 0}, "comm_share"), ({"comm_share": 2}, "comm_share"),
+    ({"comm_share": "lots"}, "comm_share"), ({"max_round": -1}, "max_round"),
+    ({"overlap": "maybe"}, "overlap")])
+def test_bad_sizing_at_init_is_a_400_naming_the_field(client, fields, field):
+    answer = post(client, "init", {"num_workers": 2, "policy": "planned", **fields})
+    assert answer.status_code == 400 and answer.json()["field"] == field, answer.content
+    assert not Job.objects.filter(name="p").exists()
+
+
+def test_bad_transfer_times_in_a_round_report_are_a_400(client, planned):
+    answer = post(client, "rounds", {"t": 1, "k": [1, 1, 1], "c": [0.1, 0.1, 0.1],
+                                     "d": [0.1, "x", 0.1]})
+    assert answer.status_code == 400 and answer.json()["field"] == "d"
+    assert not WorkerRound.objects.exists()

@@ -12,6 +12,7 @@ The training loop (``esync.worker.trainer``) exists once; an algorithm only fill
     local_step(rec)           after the backward pass of each local iteration
     aggregate(rec, want_stop) end of the round: exchange with the other workers; returns "stop now"
     round_extras()            extra keys for this round's log
+    global_model()            the shared model where it differs from the worker's parameters
 
 ``Worker`` carries what every algorithm needs (network, parameters, KVStore channel, rank) and
 ``AlgorithmConfig`` the named values the algorithms read (never the whole command line).
@@ -19,6 +20,8 @@ The training loop (``esync.worker.trainer``) exists once; an algorithm only fill
 from __future__ import annotations
 
 import os
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -45,6 +48,10 @@ class AlgorithmConfig:
     outer_momentum: float = 0.0           # --outer-momentum: 0 is none
     nesterov: bool = False                # --nesterov: Nesterov form of the outer momentum
     dcasgd_lambda: float = 0.04           # --dcasgd-lambda: DC-ASGD's lambda (summed gradient)
+    comm_share: float = 1.0               # --comm-share: communication's largest share of a round
+    max_round_seconds: float = 0.0        # --max-round-seconds: bound on a round (0: none)
+    overlap: bool = False                 # --overlap: exchange during the next round
+    max_rounds: int = 0                   # --max-rounds: the last round (0: no such bound)
     state_url: str = "http://127.0.0.1:10010"
     job: str = "default"
     state_token: Optional[str] = field(default=None, repr=False)
@@ -56,6 +63,10 @@ class AlgorithmConfig:
                    epsilon=args.epsilon, aggregation=args.aggregation,
                    outer_momentum=args.outer_momentum, nesterov=bool(args.nesterov),
                    dcasgd_lambda=getattr(args, "dcasgd_lambda", cls.dcasgd_lambda),
+                   comm_share=getattr(args, "comm_share", cls.comm_share),
+                   max_round_seconds=getattr(args, "max_round_seconds", cls.max_round_seconds),
+                   overlap=bool(getattr(args, "overlap", False)),
+                   max_rounds=getattr(args, "max_rounds", 0) or 0,
                    state_url=f"http://{args.state_server_ip}:{args.state_server_port}",
                    job=args.job, state_token=args.state_token)
 
@@ -126,6 +137,11 @@ class Algorithm:
     def state_requests(self) -> int:
         return 0
 
+    def global_model(self) -> dict:
+        """``{id(parameter): NDArray}`` where the model every rank shares differs from this
+        worker's parameters (checkpoints hold the shared one); empty: they are the same."""
+        return {}
+
     def close(self) -> None:
         pass
 
@@ -157,21 +173,61 @@ class Algorithm:
                              kvstore=None)
 
     def exchange(self, arrays: list, outs: list, keys: list, want_stop: bool, *, k: int = 0,
-                 c: float = 0.0, plan=None) -> ControlSum:
+                 c: float = 0.0, plan=None, d: float = 0.0) -> ControlSum:
         """Push `arrays` and this worker's control vector, pull the sums, one wait.
 
         The control vector (``esync.worker.kvstore.control_vector``) carries the stop vote, the samples,
-        this worker's ``k`` and ``c`` and (rank 0) a plan; the returned sum holds everyone's. The
-        global number of samples of the round is left in ``self.global_samples``.
+        this worker's ``k``, ``c`` and ``d`` and (rank 0) a plan; the returned sum holds everyone's.
+        The global number of samples of the round is left in ``self.global_samples``.
         """
+        return self.start_exchange(arrays, outs, keys, want_stop, k=k, c=c, plan=plan,
+                                   d=d).wait()
+
+    def start_exchange(self, arrays: list, outs: list, keys: list, want_stop: bool, *,
+                       k: int = 0, c: float = 0.0, plan=None, d: float = 0.0,
+                       watch: bool = False) -> "PendingExchange":
+        """``exchange`` without the wait: the arrays travel while this worker computes.
+        ``watch``: time the transfer from a background thread (``PendingExchange.seconds``)."""
         w = self.worker
         control = nd.array(control_vector(w.num_workers, w.rank, stop=want_stop,
-                                          samples=w.samples_this_round, k=k, c=c, plan=plan),
+                                          samples=w.samples_this_round, k=k, c=c, plan=plan, d=d),
                            ctx=w.ctx)
         control_sum = nd.zeros(control.shape, ctx=w.ctx)
-        w.channel.push_pull(keys + [w.keys.control], arrays + [control], outs + [control_sum])
-        summed = read_control(control_sum.asnumpy(), w.num_workers)
-        self.global_samples = summed.samples
+        started = time.perf_counter()
+        w.channel.start_push_pull(keys + [w.keys.control], arrays + [control],
+                                  outs + [control_sum])
+        return PendingExchange(self, outs + [control_sum], started, watch=watch)
+
+
+class PendingExchange:
+    """An exchange under way. ``wait()`` blocks until the sums are in and decodes the control
+    sum; ``seconds`` is how long the exchange took from its push to the last sum's arrival
+    (measured by a watcher thread when started with ``watch``, else by ``wait``)."""
+
+    def __init__(self, algorithm: Algorithm, outs: list, started: float, *, watch: bool):
+        self.algorithm, self.outs, self.started = algorithm, outs, started
+        self.seconds: float | None = None
+        self._watcher = None
+        if watch:
+            self._watcher = threading.Thread(target=self._watch, name="esync-exchange-watch",
+                                             daemon=True)
+            self._watcher.start()
+
+    def _watch(self) -> None:
+        for out in self.outs:
+            out.wait_to_read()            # MXNet releases the GIL while it waits
+        self.seconds = time.perf_counter() - self.started
+
+    def wait(self) -> ControlSum:
+        for out in self.outs:
+            out.wait_to_read()
+        if self._watcher is not None:
+            self._watcher.join()
+        else:
+            self.seconds = time.perf_counter() - self.started
+        w = self.algorithm.worker
+        summed = read_control(self.outs[-1].asnumpy(), w.num_workers)
+        self.algorithm.global_samples = summed.samples
         return summed
 
 

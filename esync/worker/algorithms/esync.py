@@ -19,6 +19,15 @@ momentum (``esync.worker.algorithms.aggregate`` holds the maths); batch-norm sta
 
 With ``--local-iters K`` the state server is bypassed and every worker runs exactly K local steps
 (K = 1 with ``-gl 1`` and no outer momentum is one SSGD step: a test checks that identity).
+
+Rounds sized by compute and transfer: every exchange's control vector also carries how long each
+worker's previous exchange took (``d``); the state server stretches a round so that the transfer
+stays within ``--comm-share`` of it (``esync.coordination.rules.round_length``).
+
+``--overlap``: the exchange of round r runs while round r+1 computes. The global model ``g``
+(identical on every rank) moves one round late, when round r's sum arrives at the end of round
+r+1; meanwhile each worker continues from ``g`` plus its own fresh delta (the "eager" variant of
+Streaming DiLoCo), so one worker alone is exactly local SGD (docs/ALGORITHM.md has the maths).
 """
 from __future__ import annotations
 
@@ -30,6 +39,7 @@ from mxnet import nd
 import esync.worker.algorithms.aggregate as aggregate
 from esync.worker.algorithms.base import Algorithm, datas
 from esync.coordination.client import ReadinessAsker, SpeedAnnouncer, StateClient
+from esync.coordination.rules import RoundSizing
 
 MOMENTUM_STATE = "outer_momentum.{}"     # checkpoint names of the outer optimizer's buffers
 MAX_REPORTS_PER_CALL = 64                # the state server's limit for one batch of round reports
@@ -51,13 +61,17 @@ class ESync(Algorithm):
         self.next_k = 1                      # planned policy: k_i of the coming round
         self.plan_sent = None                # round whose plan rank 0 wrote into the last push
         self.reported = None                 # rank 0: the control sum it reported last round
+        self.pending = None                  # --overlap: the exchange under way
+        self.last_comm = 0.0                 # seconds the last finished exchange took
         if cfg.local_iters:
             return
         self.client = StateClient(cfg.state_url, job=cfg.job, token=cfg.state_token)
         self.asker = ReadinessAsker(self.client, w.rank)
         if w.rank == 0:
             # Before the KVStore barrier in init: no worker reports before the job exists.
-            self.client.init(w.num_workers, epsilon=cfg.epsilon, policy=cfg.policy)
+            self.client.init(w.num_workers, epsilon=cfg.epsilon, policy=cfg.policy,
+                             sizing=RoundSizing(cfg.comm_share, cfg.max_round_seconds,
+                                                cfg.overlap))
             if cfg.policy == "planned":
                 self.reporter = PlanReporter(
                     StateClient(cfg.state_url, job=cfg.job, token=cfg.state_token))
@@ -72,7 +86,8 @@ class ESync(Algorithm):
         w = self.worker
         self.trainer = self.sgd(self.config.local_lr)
         self.weights = datas(w.trainable)
-        self.start = [x.copy() for x in self.weights]
+        self.start = [x.copy() for x in self.weights]          # the global model g
+        self.round_start = [x.copy() for x in self.weights]    # where this round began
         self.delta_sum = [nd.zeros_like(x) for x in self.weights]
         self.aux = datas(w.aux)
         self.aux_sum = [nd.zeros_like(x) for x in self.aux]
@@ -111,32 +126,84 @@ class ESync(Algorithm):
             self.trainer.step(1)
 
     def aggregate(self, record, want_stop: bool) -> bool:
-        w, cfg = self.worker, self.config
+        if self.config.overlap:
+            return self._aggregate_overlapped(record, want_stop)
         with record.phase("global update"):
-            push = aggregate.push_weight(cfg.aggregation, w.round_k)
-            deltas = [x - s for x, s in zip(self.weights, self.start)]
-            self.dump("esync", w.round_no, delta=deltas, k=w.round_k)
-            pushed = [d * push for d in deltas]
-            plan = self._plan_to_send()
-            control = self.exchange(pushed + self.aux, self.delta_sum + self.aux_sum,
-                                    w.keys.trainable + w.keys.aux, want_stop,
-                                    k=w.round_k, c=w.round_c, plan=plan)
-            self.worker_ks = control.k          # every worker's k_i, for rank 0's TensorBoard
-            self._move_to_aggregate(aggregate.sum_weight(cfg.aggregation, control.k))
-            for p, total in zip(w.aux, self.aux_sum):
-                p.set_data(total / w.num_workers)
-        self._coordinate(record, control)
+            deltas = self._round_deltas()
+            control = self._finish(self._send(deltas, want_stop), self.worker.round_no)
+            self._continue_from(None)
+        self._coordinate(record, control, self.worker.round_no)
         return control.stop
 
+    def _aggregate_overlapped(self, record, want_stop: bool) -> bool:
+        """--overlap: take round r-1's sums (in flight since then), send round r's, go on.
+
+        ``self.start`` is the global model g; the worker continues from g + its own delta of
+        round r, which round r's aggregate replaces when it arrives at the end of round r+1.
+        Everyone ends on the same round: the last of --max-rounds, or the round after a stop
+        vote arrived (its exchange is waited for, so the final model is g everywhere)."""
+        cfg, t = self.config, self.worker.round_no
+        with record.phase("global update"):
+            deltas = self._round_deltas()
+            stop_now = bool(cfg.max_rounds and t >= cfg.max_rounds)
+            control = None
+            if self.pending is not None:
+                control = self._finish(self.pending, t - 1)
+                self._coordinate(record, control, t - 1)
+                stop_now = stop_now or control.stop
+            if stop_now:            # the last round: its exchange is waited for
+                control = self._finish(self._send(deltas, True), t)
+                self._coordinate(record, control, t)
+                self.pending = None
+                self._continue_from(None)
+            else:
+                self.pending = self._send(deltas, want_stop, watch=True)
+                self._continue_from(deltas)
+        return stop_now
+
+    def _round_deltas(self) -> list:
+        """This round's delta: the local model minus the point the round started from."""
+        w = self.worker
+        deltas = [x - s for x, s in zip(self.weights, self.round_start)]
+        self.dump("esync", w.round_no, delta=deltas, k=w.round_k)
+        return deltas
+
+    def _send(self, deltas, want_stop: bool, *, watch: bool = False):
+        """Start the exchange of this round's weighted deltas and batch-norm statistics."""
+        w, cfg = self.worker, self.config
+        push = aggregate.push_weight(cfg.aggregation, w.round_k)
+        pushed = [d * push for d in deltas]        # fresh arrays: MXNet writes the sums into them
+        return self.start_exchange(pushed + self.aux, self.delta_sum + self.aux_sum,
+                                   w.keys.trainable + w.keys.aux, want_stop,
+                                   k=w.round_k, c=w.round_c, plan=self._plan_to_send(),
+                                   d=self.last_comm, watch=watch)
+
+    def _finish(self, exchange, t: int):
+        """Wait for round t's sums and move g by them; the decoded control sum."""
+        w = self.worker
+        control = exchange.wait()
+        self.last_comm = exchange.seconds
+        self.worker_ks = control.k          # every worker's k_i, for rank 0's TensorBoard
+        self._move_to_aggregate(aggregate.sum_weight(self.config.aggregation, control.k))
+        self.dump("global", t, model=self.start)
+        for p, total in zip(w.aux, self.aux_sum):
+            p.set_data(total / w.num_workers)
+        return control
+
     def _move_to_aggregate(self, scale: float) -> None:
-        """start <- start + gl * outer_step(scale * pulled sum); every worker computes the same."""
-        for i, (p, start, total) in enumerate(zip(self.worker.trainable, self.start,
-                                                  self.delta_sum)):
+        """g <- g + gl * outer_step(scale * pulled sum); every worker computes the same."""
+        for i, (start, total) in enumerate(zip(self.start, self.delta_sum)):
             step, buffer = self.outer.step(total * scale, self.momentum[i])
             if buffer is not None:
                 self.momentum[i][:] = buffer
             start[:] = aggregate.apply_step(start, step, self.config.global_lr)
-            p.set_data(start)
+
+    def _continue_from(self, own_deltas) -> None:
+        """The next round starts at g (None) or, with overlap, at g + this worker's own delta."""
+        for p, start, begin, i in zip(self.worker.trainable, self.start, self.round_start,
+                                      range(len(self.start))):
+            begin[:] = start if own_deltas is None else start + own_deltas[i]
+            p.set_data(begin)
 
     def _plan_to_send(self):
         self.plan_sent = None
@@ -148,20 +215,23 @@ class ESync(Algorithm):
         self.plan_sent, plan = newest
         return plan
 
-    def _coordinate(self, record, control) -> None:
-        """After the exchange (planned policy): take the next k, hand the round to the reporter.
-
-        The dynamic policy has nothing to do here: the next round's first ``/apply/`` (k = 0,
-        t = the next round) enters it, so no ``/reset/`` is needed.
+    def _coordinate(self, record, control, t: int) -> None:
+        """After round t's exchange (planned policy): take the next k, hand the round to the
+        reporter. The dynamic policy only passes the exchange's duration to the next
+        ``/apply/``: the next round's first call (k = 0, t = the next round) enters it, so no
+        ``/reset/`` is needed.
         """
         cfg, w = self.config, self.worker
         self.reported = None
-        if self.client is None or cfg.policy != "planned":
+        if self.client is None:
+            return
+        if cfg.policy != "planned":
+            self.asker.comm = self.last_comm
             return
         if any(control.plan):
             self.next_k = max(1, control.plan[w.rank])
         if self.reporter is not None:
-            self.reporter.submit(w.round_no, control.k, control.c)
+            self.reporter.submit(t, control.k, control.c, control.d)
             self.reported = control
 
     def round_extras(self) -> dict:
@@ -170,6 +240,12 @@ class ESync(Algorithm):
             return {}
         return {"reported_k": self.reported.k, "reported_c": self.reported.c,
                 "plan_sent_from_round": self.plan_sent}
+
+    def global_model(self) -> dict:
+        """With overlap a worker trains on g + its own delta; the shared model is g."""
+        if not self.config.overlap:
+            return {}
+        return {id(p): g for p, g in zip(self.worker.trainable, self.start)}
 
     def state_requests(self) -> int:
         clients = [self.client, self.reporter.client if self.reporter else None]
@@ -203,9 +279,9 @@ class PlanReporter:
                                         daemon=True)
         self._thread.start()
 
-    def submit(self, t: int, ks, cs) -> None:
+    def submit(self, t: int, ks, cs, ds=None) -> None:
         self._raise_if_failed()
-        self._queue.put((t, list(ks), list(cs)))
+        self._queue.put((t, list(ks), list(cs), None if ds is None else list(ds)))
 
     def newest(self):
         self._raise_if_failed()
@@ -249,8 +325,8 @@ class PlanReporter:
         if len(reports) > 1 and several is not None:
             t, plan = several(reports)                # one call, one transaction
         else:
-            for t, ks, cs in reports:
-                plan = self.client.report_round(t, ks, cs)
+            for t, ks, cs, ds in reports:
+                plan = self.client.report_round(t, ks, cs, ds)
         return t, [int(k) for k in plan]
 
     def _raise_if_failed(self) -> None:

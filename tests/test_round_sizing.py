@@ -1,0 +1,109 @@
+"""Rounds sized by compute and transfer (esync.coordination.rules.round_length), hand-computed,
+and how both policies of esync.coordination.job apply it."""
+import pytest
+
+from esync.coordination.job import JobState
+from esync.coordination.limits import PolicyError
+from esync.coordination.rules import (OVERLAP_MARGIN, RoundSizing, plan_round, round_length,
+                                      transfer_estimate)
+
+SHARE = RoundSizing(comm_share=0.1, max_round=0.0)
+C_SLOW = 0.4                    # the x8 device's iteration
+C = [0.05, 0.05, 0.2, C_SLOW]   # devices x1, x1, x4, x8
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_free_links_give_todays_rounds():
+    # A transfer of 1/20 of the slowest's iteration: 0.02 * 9 = 0.18 s < 0.4 s, so T = c_s
+    assert round_length(C_SLOW, 0.02, SHARE) == C_SLOW
+    assert plan_round(C, epsilon="auto", length=round_length(C_SLOW, 0.02, SHARE)) == \
+        plan_round(C, epsilon="auto") == [8, 8, 2, 1]
+
+
+def test_unknown_transfer_or_share_one_gives_todays_rounds():
+    assert round_length(C_SLOW, 0.0, SHARE) == C_SLOW
+    assert round_length(C_SLOW, 10.0, RoundSizing(comm_share=1.0)) == C_SLOW
+
+
+def test_a_transfer_of_six_slow_iterations_meets_the_share():
+    comm = 6 * C_SLOW                               # 2.4 s to move the model
+    length = round_length(C_SLOW, comm, SHARE)      # comm / (T + comm) <= 0.1: T >= 9 comm
+    assert length == pytest.approx(9 * comm)        # 21.6 s
+    ks = plan_round(C, epsilon="auto", length=length)
+    # floor(T / c_i + 1/N): the slowest runs 54 iterations, every device fills T
+    assert ks == [432, 432, 108, 54]
+    for k, c in zip(ks, C):
+        assert comm / (k * c + comm) <= 0.1 + 1e-9
+
+
+def test_the_bound_holds_and_never_cuts_below_one_slow_iteration():
+    bounded = RoundSizing(comm_share=0.1, max_round=3.0)
+    assert round_length(C_SLOW, 6 * C_SLOW, bounded) == 3.0
+    assert plan_round(C, epsilon="auto", length=3.0)[3] == 7        # floor(7.5 + 0.25)
+    assert round_length(5.0, 100.0, bounded) == 5.0                  # c_s above the bound
+
+
+def test_overlap_only_has_to_outlast_the_transfer():
+    overlap = RoundSizing(comm_share=0.1, max_round=0.0, overlap=True)
+    assert round_length(C_SLOW, 6 * C_SLOW, overlap) == pytest.approx(OVERLAP_MARGIN * 2.4)
+    assert round_length(C_SLOW, 0.1, overlap) == C_SLOW              # hidden already
+
+
+def test_transfer_is_the_smallest_wait():
+    # the last worker to push waits for the transfer alone; the others also for it
+    assert transfer_estimate([0.9, 0.3, None, 0.0, 0.5]) == 0.3
+    assert transfer_estimate([None, 0.0]) == 0.0
+
+
+def test_planned_job_stretches_rounds_from_reported_transfers():
+    job = JobState(num_workers=4, policy="planned", clock=FakeClock(), sizing=SHARE)
+    assert job.report_round(1, [1] * 4, C).plan == [8, 8, 2, 1]       # no transfer known yet
+    plan = job.report_round(2, [8, 8, 2, 1], C, [2.5, 2.4, 2.6, 3.0]).plan
+    assert plan == [432, 432, 108, 54]
+    assert job.snapshot()["round_length"] == pytest.approx(21.6)
+    # without sizing the same reports give today's plan
+    plain = JobState(num_workers=4, policy="planned", clock=FakeClock())
+    plain.report_round(1, [1] * 4, C)
+    assert plain.report_round(2, [8, 8, 2, 1], C, [2.5, 2.4, 2.6, 3.0]).plan == [8, 8, 2, 1]
+
+
+def test_dynamic_slowest_fills_a_stretched_round():
+    clock = FakeClock()
+    job = JobState(num_workers=2, policy="dynamic", clock=clock, epsilon=0.0,
+                   sizing=RoundSizing(comm_share=0.5, max_round=0.0))
+    job.apply(0, 1, 0.1)
+    job.apply(1, 1, 1.0, d=3.0)       # T = max(1.0, 3.0 * 0.5 / 0.5) = 3.0
+    job.enter_round(0, 2)
+    job.enter_round(1, 2)
+    assert not job.apply(1, 0, 1.0)
+    clock.now += 1.0
+    first = job.decide(1, 1, 1.0)     # 2 s left: another slow iteration fits
+    assert not first.ready and first.budget == pytest.approx(2.0)
+    assert not job.apply(0, 10, 0.1)  # the fast one goes on too
+    clock.now += 1.0
+    assert not job.apply(1, 2, 1.0)   # 1 s left, one iteration: still fits (c + 0 <= 1)
+    clock.now += 1.05
+    assert job.apply(1, 3, 1.0)       # T reached
+    assert job.apply(0, 30, 0.1)
+
+
+@pytest.mark.parametrize("sizing", [RoundSizing(comm_share=0.0), RoundSizing(comm_share=1.5),
+                                    RoundSizing(max_round=-1.0), RoundSizing(overlap="yes")])
+def test_bad_sizing_is_refused(sizing):
+    with pytest.raises(PolicyError):
+        JobState(num_workers=2, sizing=sizing)
+
+
+def test_bad_transfer_times_are_refused_and_change_nothing():
+    job = JobState(num_workers=2, policy="planned", clock=FakeClock(), sizing=SHARE)
+    with pytest.raises(PolicyError) as err:
+        job.report_round(1, [1, 1], [0.1, 0.2], [0.1, -1])
+    assert err.value.field == "d"
+    assert job.last_report_t == 0
