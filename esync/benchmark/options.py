@@ -86,11 +86,14 @@ def parse_lr_grid(text: str) -> list[float] | None:
 
 @dataclass(frozen=True)
 class Aggregation:
-    """One ESync row: an aggregation rule, optionally with outer momentum and -gl."""
+    """One ESync row: an aggregation rule, optionally with outer momentum and -gl, a round
+    sizing (``share=S``: --comm-share) and ``overlap``."""
     rule: str
     momentum: float = 0.0
     nesterov: bool = False
     global_lr: float | None = None
+    comm_share: float | None = None
+    overlap: bool = False
 
     @property
     def slug(self) -> str:
@@ -100,6 +103,10 @@ class Aggregation:
             parts.append(f"{'nesterov' if self.nesterov else 'momentum'}{self.momentum:g}")
         if self.global_lr is not None:
             parts.append(f"gl{self.global_lr:g}")
+        if self.comm_share is not None:
+            parts.append(f"share{self.comm_share:g}")
+        if self.overlap:
+            parts.append("overlap")
         return "-".join(parts)
 
     @property
@@ -110,20 +117,28 @@ class Aggregation:
             text += f" + {'Nesterov' if self.nesterov else 'momentum'} {self.momentum:g}"
         if self.global_lr is not None:
             text += f", gl {self.global_lr:g}"
+        if self.comm_share is not None:
+            text += f", comm. share {self.comm_share:g}"
+        if self.overlap:
+            text += ", overlap"
         return text
 
     def argv(self) -> list[str]:
         """Every aggregation flag spelled out: the launcher's own defaults never leak in."""
-        return ["--aggregation", self.rule, "--outer-momentum", f"{self.momentum or 0:g}",
+        argv = ["--aggregation", self.rule, "--outer-momentum", f"{self.momentum or 0:g}",
                 "--nesterov" if self.nesterov and self.momentum else "--no-nesterov",
-                "-gl", f"{1.0 if self.global_lr is None else self.global_lr:g}"]
+                "-gl", f"{1.0 if self.global_lr is None else self.global_lr:g}",
+                "--overlap" if self.overlap else "--no-overlap"]
+        if self.comm_share is not None:
+            argv += ["--comm-share", f"{self.comm_share:g}"]
+        return argv
 
     @property
     def is_plain_mean(self) -> bool:
         return self == Aggregation("mean")
 
 
-_PART = re.compile(r"(nesterov|momentum|gl)=([0-9.eE+-]+)")
+_PART = re.compile(r"(nesterov|momentum|gl|share)=([0-9.eE+-]+)")
 
 
 def parse_aggregations(text: str) -> list[Aggregation]:
@@ -139,13 +154,20 @@ def parse_aggregations(text: str) -> list[Aggregation]:
                              f"{DEFAULT_AGGREGATIONS!r}")
         fields = {"rule": rule}
         for extra in extras:
+            if extra.strip() == "overlap":
+                fields["overlap"] = True
+                continue
             match = _PART.fullmatch(extra.strip())
             value = _float_or_none(match.group(2)) if match else None
-            if value is None or value < 0 or (match.group(1) == "gl" and value == 0):
+            if value is None or value < 0 or (match.group(1) in ("gl", "share") and value == 0) \
+                    or (match.group(1) == "share" and value > 1):
                 raise UsageError(f"argument --aggregations: {extra!r} in {item!r} is not "
-                                 "nesterov=M, momentum=M or gl=G with a number M >= 0, G > 0")
+                                 "nesterov=M, momentum=M, gl=G, share=S (0 < S <= 1) or "
+                                 "overlap, with numbers M >= 0, G > 0")
             if match.group(1) == "gl":
                 fields["global_lr"] = value
+            elif match.group(1) == "share":
+                fields["comm_share"] = value
             else:
                 fields.update(momentum=value, nesterov=match.group(1) == "nesterov")
         agg = Aggregation(**fields)
@@ -237,7 +259,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--modes", default=",".join(modes.BENCHMARK_NAMES),
                    help="comma-separated subset of " + ", ".join(modes.NAMES))
     r.add_argument("--aggregations", default=DEFAULT_AGGREGATIONS,
-                   help="ESync rows, one per item: RULE[+nesterov=M|+momentum=M][+gl=G] with "
+                   help="ESync rows, one per item: RULE[+nesterov=M|+momentum=M][+gl=G][+share=S]"
+                        "[+overlap] with "
                         "RULE one of " + ", ".join(AGGREGATION_RULES))
     r.add_argument("--data", default=None,
                    help="comma-separated data splits: iid (shuffled shards, -s 0); by-class "

@@ -26,9 +26,12 @@ CLUSTER_LR = 0.05 / 64
 # ESync's aggregation: the benchmark's best rule (docs/benchmark/report.md), deltas weighted by
 # k_i with DiLoCo's outer Nesterov momentum 0.9 and outer learning rate 0.7. main.py keeps the
 # original's plain mean; `--aggregation mean --outer-momentum 0 --no-nesterov -gl 1` here too.
+# Rounds are stretched so that the exchange takes at most 10% of a round, up to 5 s
+# (docs/ALGORITHM.md, "Rounds sized by compute and transfer"); `--comm-share 1` is the original.
 CLUSTER_DEFAULTS = dict(network="lenet", cpu=1, learning_rate=CLUSTER_LR, local_lr=CLUSTER_LR,
                         eval_duration=10, max_seconds=90.0, mode="esync",
-                        aggregation="weighted", outer_momentum=0.9, nesterov=True, global_lr=0.7)
+                        aggregation="weighted", outer_momentum=0.9, nesterov=True, global_lr=0.7,
+                        comm_share=0.1, max_round_seconds=5.0)
 STATE_SERVER_RESTARTS = 3        # a state server that keeps dying is a failure, not a blip
 DEFAULT_SLOWDOWN = "1,1,4,8"      # the emulated cluster: two fast, one 4x, one 8x slower
 LOCAL_ADDRESS = "127.0.0.1"       # the local backend's one host
