@@ -126,7 +126,7 @@ class RoundSizing:
 
 
 COMPUTE_ONLY = RoundSizing()
-OVERLAP_MARGIN = 1.1     # with overlap, a round lasts 10% more than the transfer it hides
+OVERLAP_MARGIN = 1.5     # with overlap, a round outlasts the transfer it hides by half (it varies)
 
 
 def round_length(c_s: float, comm: float, sizing: RoundSizing = COMPUTE_ONLY) -> float:

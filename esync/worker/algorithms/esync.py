@@ -235,11 +235,14 @@ class ESync(Algorithm):
             self.reported = control
 
     def round_extras(self) -> dict:
-        """Rank 0 under the planned policy: what it reported and which round's plan it sent."""
+        """The last finished exchange's duration (push to the last sum: hidden under
+        --overlap when shorter than the round); rank 0 under the planned policy: what it
+        reported and which round's plan it sent."""
+        extras = {"exchange_time": round(self.last_comm or 0.0, 6)}
         if self.reporter is None or self.reported is None:
-            return {}
-        return {"reported_k": self.reported.k, "reported_c": self.reported.c,
-                "plan_sent_from_round": self.plan_sent}
+            return extras
+        return dict(extras, reported_k=self.reported.k, reported_c=self.reported.c,
+                    plan_sent_from_round=self.plan_sent)
 
     def global_model(self) -> dict:
         """With overlap a worker trains on g + its own delta; the shared model is g."""
