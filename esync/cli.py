@@ -192,6 +192,10 @@ def add_run_args(parser: argparse.ArgumentParser, *, one_worker: bool = True) ->
     e.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=config.overlap,
                    help="exchange round r's deltas while round r+1 computes (the global model "
                         "moves one round late; each worker goes on from it plus its own delta)")
+    e.add_argument("--prox-mu", type=non_negative_float, default=config.prox_mu,
+                   help="FedProx's proximal term: each local step also descends "
+                        "(MU/2)|w - w_round_start|^2 per sample (limits client drift on "
+                        "by-class data; 0: none)")
     e.add_argument("--job", default=os.environ.get("ESYNC_JOB", "default"),
                    help="job id on the state server")
     e.add_argument("--state-token", default=os.environ.get("ESYNC_STATE_TOKEN"),

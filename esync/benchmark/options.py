@@ -94,6 +94,7 @@ class Aggregation:
     global_lr: float | None = None
     comm_share: float | None = None
     overlap: bool = False
+    prox_mu: float = 0.0
 
     @property
     def slug(self) -> str:
@@ -107,6 +108,8 @@ class Aggregation:
             parts.append(f"share{self.comm_share:g}")
         if self.overlap:
             parts.append("overlap")
+        if self.prox_mu:
+            parts.append(f"prox{self.prox_mu:g}")
         return "-".join(parts)
 
     @property
@@ -121,6 +124,8 @@ class Aggregation:
             text += f", comm. share {self.comm_share:g}"
         if self.overlap:
             text += ", overlap"
+        if self.prox_mu:
+            text += f", FedProx mu {self.prox_mu:g}"
         return text
 
     def argv(self) -> list[str]:
@@ -128,7 +133,7 @@ class Aggregation:
         argv = ["--aggregation", self.rule, "--outer-momentum", f"{self.momentum or 0:g}",
                 "--nesterov" if self.nesterov and self.momentum else "--no-nesterov",
                 "-gl", f"{1.0 if self.global_lr is None else self.global_lr:g}",
-                "--overlap" if self.overlap else "--no-overlap"]
+                "--overlap" if self.overlap else "--no-overlap", "--prox-mu", f"{self.prox_mu:g}"]
         if self.comm_share is not None:
             argv += ["--comm-share", f"{self.comm_share:g}"]
         return argv
@@ -138,7 +143,7 @@ class Aggregation:
         return self == Aggregation("mean")
 
 
-_PART = re.compile(r"(nesterov|momentum|gl|share)=([0-9.eE+-]+)")
+_PART = re.compile(r"(nesterov|momentum|gl|share|prox)=([0-9.eE+-]+)")
 
 
 def parse_aggregations(text: str) -> list[Aggregation]:
@@ -162,12 +167,14 @@ def parse_aggregations(text: str) -> list[Aggregation]:
             if value is None or value < 0 or (match.group(1) in ("gl", "share") and value == 0) \
                     or (match.group(1) == "share" and value > 1):
                 raise UsageError(f"argument --aggregations: {extra!r} in {item!r} is not "
-                                 "nesterov=M, momentum=M, gl=G, share=S (0 < S <= 1) or "
-                                 "overlap, with numbers M >= 0, G > 0")
+                                 "nesterov=M, momentum=M, gl=G, share=S (0 < S <= 1), "
+                                 "prox=MU or overlap, with numbers M, MU >= 0, G > 0")
             if match.group(1) == "gl":
                 fields["global_lr"] = value
             elif match.group(1) == "share":
                 fields["comm_share"] = value
+            elif match.group(1) == "prox":
+                fields["prox_mu"] = value
             else:
                 fields.update(momentum=value, nesterov=match.group(1) == "nesterov")
         agg = Aggregation(**fields)
@@ -260,7 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated subset of " + ", ".join(modes.NAMES))
     r.add_argument("--aggregations", default=DEFAULT_AGGREGATIONS,
                    help="ESync rows, one per item: RULE[+nesterov=M|+momentum=M][+gl=G][+share=S]"
-                        "[+overlap] with "
+                        "[+overlap][+prox=MU] with "
                         "RULE one of " + ", ".join(AGGREGATION_RULES))
     r.add_argument("--data", default=None,
                    help="comma-separated data splits: iid (shuffled shards, -s 0); by-class "

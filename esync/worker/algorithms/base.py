@@ -51,6 +51,8 @@ class AlgorithmConfig:
     comm_share: float = 1.0               # --comm-share: communication's largest share of a round
     max_round_seconds: float = 0.0        # --max-round-seconds: bound on a round (0: none)
     overlap: bool = False                 # --overlap: exchange during the next round
+    prox_mu: float = 0.0                  # --prox-mu: FedProx's proximal coefficient (0: none)
+    batch_size: int = 64                  # -b: samples per local step
     max_rounds: int = 0                   # --max-rounds: the last round (0: no such bound)
     state_url: str = "http://127.0.0.1:10010"
     job: str = "default"
@@ -66,6 +68,8 @@ class AlgorithmConfig:
                    comm_share=getattr(args, "comm_share", cls.comm_share),
                    max_round_seconds=getattr(args, "max_round_seconds", cls.max_round_seconds),
                    overlap=bool(getattr(args, "overlap", False)),
+                   prox_mu=getattr(args, "prox_mu", 0.0) or 0.0,
+                   batch_size=getattr(args, "batch_size", cls.batch_size),
                    max_rounds=getattr(args, "max_rounds", 0) or 0,
                    state_url=f"http://{args.state_server_ip}:{args.state_server_port}",
                    job=args.job, state_token=args.state_token)

@@ -24,6 +24,10 @@ Rounds sized by compute and transfer: every exchange's control vector also carri
 worker's previous exchange took (``d``); the state server stretches a round so that the transfer
 stays within ``--comm-share`` of it (``esync.coordination.rules.round_length``).
 
+``--prox-mu MU``: FedProx's proximal term (Li et al., "Federated Optimization in Heterogeneous
+Networks", MLSys 2020): each local step also descends ``(mu/2) |w - w_start|^2`` per sample, so
+a device running many steps on its own classes drifts less from the round's start; no traffic.
+
 ``--overlap``: the exchange of round r runs while round r+1 computes. The global model ``g``
 (identical on every rank) moves one round late, when round r's sum arrives at the end of round
 r+1; meanwhile each worker continues from ``g`` plus its own fresh delta (the "eager" variant of
@@ -123,6 +127,13 @@ class ESync(Algorithm):
 
     def local_step(self, record) -> None:
         with record.phase("local update"):
+            mu = self.config.prox_mu
+            if mu:
+                # FedProx: the gradient of (mu/2)|w - w_start|^2 per sample, summed over the
+                # batch as the loss is, pulls each local model back towards its round's start.
+                pull = mu * self.config.batch_size
+                for p, begin in zip(self.worker.trainable, self.round_start):
+                    p.grad()[:] += pull * (p.data() - begin)
             self.trainer.step(1)
 
     def aggregate(self, record, want_stop: bool) -> bool:
