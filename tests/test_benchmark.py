@@ -202,7 +202,9 @@ def test_tuning_runs_the_grid_then_the_full_run_with_the_best_value(data_dir, tm
     scores = data["tuning"]["local"]["scores"]
     best = max(scores, key=lambda lr: scores[lr])
     full = [r for r in data["runs"] if r["rep"] == 1]
-    assert [r["lr"] for r in full] == [float(best)] and len(data["runs"]) == 3
+    # 0.02 won at the grid's edge, so the grid grew a step (x200) beyond it: 4.0 lost
+    assert sorted(float(lr) for lr in scores) == [0.0001, 0.02, 4.0], scores
+    assert [r["lr"] for r in full] == [float(best)] == [0.02] and len(data["runs"]) == 4
 
 
 def test_a_failing_run_is_reported_and_the_others_still_run(data_dir, tmp_path):
@@ -412,6 +414,23 @@ def test_a_failed_tuning_run_never_wins(tmp_path):
             synthetic_job(tmp_path, "sync", 0.01, 0, ok=False)]
     chosen = metrics.best_learning_rates(jobs)["sync"]
     assert (chosen["lr"], chosen["scores"][0.01]) == (0.001, None)
+
+
+def test_a_best_rate_at_an_edge_widens_the_grid_a_step_beyond_it(data_dir, tmp_path,
+                                                                 full_launcher):
+    args = args_for(data_dir, tmp_path, "--tune-lr", "0.001,0.003,0.009",
+                    "--modes", "sync,async,local")
+    rows = plan.rows(args)
+    tuning = {"sync": {"lr": 0.009, "scores": {0.001: 0.5, 0.003: 0.6, 0.009: 0.7}},
+              "async": {"lr": 0.001, "scores": {0.001: 0.7, 0.003: 0.6, 0.009: 0.5}},
+              "local": {"lr": 0.003, "scores": {0.001: 0.5, 0.003: 0.7, 0.009: 0.6}}}
+    wider = plan.widening_jobs(args, tmp_path, rows, tuning)
+    assert {(j.row.group, j.lr) for j in wider} == {("sync", 0.027), ("async", 0.000333)}
+    assert all(j.budget == args.tune_budget and j.setting.name == "loopback" for j in wider)
+    # at most MAX_WIDENINGS values beyond the grid on one side
+    far = {"sync": {"lr": 0.729, "scores": {v: v for v in (0.001, 0.003, 0.009, 0.027, 0.081,
+                                                           0.243, 0.729)}}}
+    assert plan.widening_jobs(args, tmp_path, rows, far) == []
 
 
 def test_ties_go_to_the_smaller_rate(tmp_path):

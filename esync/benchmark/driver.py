@@ -13,7 +13,8 @@ rate whose compute-to-communication ratio matches a real cluster (``shaping.py``
 (``--scenarios``, default both): static (all of the above) and shifting (loopback, i.i.d.:
 ESync under each policy, SSGD and ASGD while the second x1 device becomes 6x slower halfway).
 
-Order: with ``--tune-lr`` (a learning-rate grid), first a short run of every row with each value
+Order: with ``--tune-lr`` (a learning-rate grid, widened while a row's best value sits at its
+edge: ``plan.widening_jobs``), first a short run of every row with each value
 on loopback (once, not per repeat; a by-class row is tuned on by-class data); then
 ``--repeats`` rounds (default 3, seeds ``--seed``, ``--seed`` + 1, ...) of the full runs, each
 row with its best value, one after the other, the same training-time budget each; SSGD's i.i.d.
@@ -185,6 +186,19 @@ def main(argv=None) -> int:
             cap.apply(tune_jobs)
             _run_all(tune_jobs, progress, args.job_timeout, eta)
             tuning = metrics.best_learning_rates(tune_jobs) if tune_jobs else None
+            while tuning:
+                # A best rate at an edge of the grid may not be the best: try beyond it.
+                wider = plan.widening_jobs(args, out, rows, tuning)
+                if not wider:
+                    break
+                progress.note("learning-rate grid widened: " + ", ".join(
+                    f"{j.row.group} {j.lr:g}" for j in wider))
+                progress.extend(len(wider))
+                eta.left += sum(eta.of(j) for j in wider)
+                cap.apply(wider)
+                _run_all(wider, progress, args.job_timeout, eta)
+                tune_jobs += wider
+                tuning = metrics.best_learning_rates(tune_jobs)
             if tuning:
                 progress.note("learning rates: " + ", ".join(
                     f"{g} {e['lr']:g}" if e["lr"] is not None else f"{g} default"

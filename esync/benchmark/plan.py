@@ -231,6 +231,40 @@ def tuning_jobs(args, out: Path, all_rows: list[Row], setting: Setting = LOOPBAC
     return jobs
 
 
+MAX_WIDENINGS = 3      # extra grid values a group may get on each side of the grid
+
+
+def widening_jobs(args, out: Path, all_rows: list[Row], tuning: dict) -> list[Job]:
+    """One more tuning run for every group whose best rate sits at an edge of the rates it
+    tried: the next value beyond that edge, a grid step away (the grid's own ratio; x3 for a
+    grid of one value). None when every best rate is inside its group's values (or a group has
+    been widened ``MAX_WIDENINGS`` times on that side)."""
+    grid = sorted(args.lr_grid or [])
+    if not grid:
+        return []
+    step = (grid[-1] / grid[0]) ** (1 / (len(grid) - 1)) if len(grid) > 1 else 3.0
+    rows_by_group = {}
+    for row in all_rows:
+        rows_by_group.setdefault(row.group, row)
+    jobs = []
+    for group, entry in tuning.items():
+        tried = sorted(entry["scores"])
+        best = entry["lr"]
+        if best is None or len(tried) < 2 or group not in rows_by_group:
+            continue
+        if best == tried[-1] and sum(lr > grid[-1] for lr in tried) < MAX_WIDENINGS:
+            lr = best * step
+        elif best == tried[0] and sum(lr < grid[0] for lr in tried) < MAX_WIDENINGS:
+            lr = best / step
+        else:
+            continue
+        lr = float(f"{lr:.3g}")
+        root = out / TUNE_DIR / group / f"lr{lr:g}"
+        jobs.append(_job(args, rows_by_group[group], LOOPBACK, 0, lr, root, args.tune_budget,
+                         out / RUNS_DIR / f"tune-{group}-lr{lr:g}.log"))
+    return jobs
+
+
 def full_jobs(args, out: Path, all_rows: list[Row], all_settings: list[Setting],
               lrs: dict[str, float]) -> list[Job]:
     """Per repeat (seed, seed + 1, ...): every row in every setting of its scenario; standalone

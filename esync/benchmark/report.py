@@ -99,22 +99,25 @@ def tuning_section(args, tuning: dict | None, rows, labels: dict) -> list[str]:
         L += [f"Not tuned (`--tune-lr none`): `-l {args.learning_rate:g}` for SGD modes, "
               f"`-ll {args.local_lr:g}` for ESync's local steps.", ""]
         return L
-    grid = args.lr_grid
+    grid = sorted({v for entry in tuning.values() for v in entry["scores"]} | set(args.lr_grid))
     L += [f"Each row's learning rate (`-l`, or `-ll` for ESync: lr × the gradient summed over "
-          f"the batch) is the best of the grid {', '.join(f'{v:g}' for v in grid)}: one short "
+          f"the batch) is the best of the grid {', '.join(f'{v:g}' for v in args.lr_grid)}: one short "
           f"run ({args.tune_budget:g} s of training) per value, once per row (not per repeat), "
           f"on loopback with seed {args.seed}, on the row's own data split (a by-class row is "
           "tuned on by-class data); the best final test accuracy wins (ties: the smaller rate). "
           "Shaped-link rows use the value of their loopback row, the shifting scenario's rows "
           "that of their static row. Cells: the short run's final test accuracy; **bold**: "
-          "chosen.", "",
+          "chosen. A row whose best value was at an edge of the values it tried got the next "
+          "value beyond it (a grid step away, up to 3 per side), until its best was inside; "
+          "'-': not tried for that row.", "",
           "| Row | " + " | ".join(f"lr {v:g}" for v in grid) + " | Chosen |",
           "| --- |" + " ---: |" * (len(grid) + 1)]
     for group, entry in tuning.items():
         cells = []
         for v in grid:
             score = entry["scores"].get(v)
-            text = "failed" if score is None else f"{score:.3f}"
+            text = "-" if v not in entry["scores"] else "failed" if score is None \
+                else f"{score:.3f}"
             cells.append(f"**{text}**" if v == entry["lr"] else text)
         chosen = "none (every run failed; default used)" if entry["lr"] is None \
             else f"{entry['lr']:g}"

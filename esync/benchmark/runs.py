@@ -48,6 +48,13 @@ class Progress:
     def _tag(self, job: Job) -> str:
         return f"[{self.index}/{self.total}] {job.tag}"
 
+    def extend(self, runs: int) -> None:
+        """More runs than planned (a widened learning-rate grid)."""
+        self.total += runs
+        if self.bar is not None:
+            self.bar.total = self.total
+            self.bar.refresh()
+
     def begin(self, job: Job) -> None:
         self.index += 1
         self.last_line = time.monotonic()
