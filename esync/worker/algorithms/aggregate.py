@@ -14,7 +14,9 @@ Rules (``--aggregation``):
     did more.
 ``weighted``
     Deltas weighted by the work behind them: ``start + gl * sum_i w_i delta_i / sum_i w_i`` with
-    ``w_i = k_i`` (equal batch sizes make this the same as weighting by samples).
+    ``w_i = k_i`` (equal batch sizes make this the same as weighting by samples). A delta
+    already grows with its ``k_i``, so worker i's *objective* is weighted by ``k_i ** 2``
+    (FedNova's analysis): the right rule for i.i.d. shards, a biased one for by-class shards.
 ``fednova``
     Normalised averaging (Wang et al., "Tackling the Objective Inconsistency Problem in
     Heterogeneous Federated Optimization", NeurIPS 2020): each delta divided by its own step
