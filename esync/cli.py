@@ -197,6 +197,9 @@ def add_run_args(parser: argparse.ArgumentParser, *, one_worker: bool = True) ->
                    help="FedProx's proximal term: each local step also descends "
                         "(MU/2)|w - w_round_start|^2 per sample (limits client drift on "
                         "by-class data; 0: none)")
+    e.add_argument("--scaffold", action=argparse.BooleanOptionalAction, default=config.scaffold,
+                   help="SCAFFOLD's control variates correct each local step for the drift "
+                        "between this device's data and everyone's (twice the traffic)")
     e.add_argument("--job", default=os.environ.get("ESYNC_JOB", "default"),
                    help="job id on the state server")
     e.add_argument("--state-token", default=os.environ.get("ESYNC_STATE_TOKEN"),

@@ -537,3 +537,45 @@ def test_fedprox_local_steps_descend_the_proximal_term(tmp_path, small_data):
     assert_same_model(got, replay(PROX_MU))
     plain = replay(0.0)                          # the term is visible: plain local SGD differs
     assert max(float(np.max(np.abs(got[n] - plain[n]))) for n in TRAINABLE) > 1e-5
+
+
+def test_scaffold_rounds_equal_the_published_rule_replayed(tmp_path, small_data):
+    """Two workers, K local steps, mean, no outer momentum: each step descends g + c - c_i;
+    after a round c_i <- c_i - c + (x - y_i) / (K lr) and c <- c + mean of the changes
+    (SCAFFOLD, option II), replayed in process. Without the variates the model differs."""
+    rounds, k = 3, 3
+    run_cluster(tmp_path, small_data, "-m", "esync", "--scaffold", "--local-iters", k,
+                *ORIGINAL_MEAN, "-gl", 1, "--workers", 2, "--slowdown", "1", "-ll", LR,
+                "-b", BATCH, "--max-rounds", rounds, "-e", 1, "--max-seconds", 0, "--seed", SEED,
+                "--no-evaluator")
+    got = final_checkpoint(tmp_path / "lenet" / "esync", steps=rounds)
+
+    def replay(corrected):
+        reps = replicas(small_data)
+        names = list(reps[0].trainable)
+        zeros = {n: mx.nd.zeros_like(reps[0].trainable[n].data()) for n in names}
+        c = dict(zeros)
+        own = [dict(zeros) for _ in reps]
+        for _ in range(rounds):
+            start = {n: reps[0].trainable[n].data().copy() for n in names}
+            changes = []
+            for r, mine in zip(reps, own):
+                for _ in range(k):
+                    r.backward()
+                    for n, p in r.trainable.items():
+                        g = p.grad() + (c[n] - mine[n] if corrected else 0)
+                        p.set_data(p.data() - LR * g)
+                new = {n: mine[n] - c[n] + (start[n] - r.trainable[n].data()) / (k * LR)
+                       for n in names}
+                changes.append({n: new[n] - mine[n] for n in names})
+                mine.update(new)
+            for n in names:
+                mean = sum(r.trainable[n].data() - start[n] for r in reps) / len(reps)
+                for r in reps:
+                    r.trainable[n].set_data(start[n] + mean)
+                c[n] = c[n] + sum(ch[n] for ch in changes) / len(reps)
+        return reps[0].values()
+
+    assert_same_model(got, replay(True))
+    plain = replay(False)
+    assert max(float(np.max(np.abs(got[n] - plain[n]))) for n in TRAINABLE) > 1e-5

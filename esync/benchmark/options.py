@@ -95,6 +95,7 @@ class Aggregation:
     comm_share: float | None = None
     overlap: bool = False
     prox_mu: float = 0.0
+    scaffold: bool = False
 
     @property
     def slug(self) -> str:
@@ -110,6 +111,8 @@ class Aggregation:
             parts.append("overlap")
         if self.prox_mu:
             parts.append(f"prox{self.prox_mu:g}")
+        if self.scaffold:
+            parts.append("scaffold")
         return "-".join(parts)
 
     @property
@@ -126,6 +129,8 @@ class Aggregation:
             text += ", overlap"
         if self.prox_mu:
             text += f", FedProx mu {self.prox_mu:g}"
+        if self.scaffold:
+            text += ", SCAFFOLD"
         return text
 
     def argv(self) -> list[str]:
@@ -133,7 +138,8 @@ class Aggregation:
         argv = ["--aggregation", self.rule, "--outer-momentum", f"{self.momentum or 0:g}",
                 "--nesterov" if self.nesterov and self.momentum else "--no-nesterov",
                 "-gl", f"{1.0 if self.global_lr is None else self.global_lr:g}",
-                "--overlap" if self.overlap else "--no-overlap", "--prox-mu", f"{self.prox_mu:g}"]
+                "--overlap" if self.overlap else "--no-overlap", "--prox-mu", f"{self.prox_mu:g}",
+                "--scaffold" if self.scaffold else "--no-scaffold"]
         if self.comm_share is not None:
             argv += ["--comm-share", f"{self.comm_share:g}"]
         return argv
@@ -159,8 +165,8 @@ def parse_aggregations(text: str) -> list[Aggregation]:
                              f"{DEFAULT_AGGREGATIONS!r}")
         fields = {"rule": rule}
         for extra in extras:
-            if extra.strip() == "overlap":
-                fields["overlap"] = True
+            if extra.strip() in ("overlap", "scaffold"):
+                fields[extra.strip()] = True
                 continue
             match = _PART.fullmatch(extra.strip())
             value = _float_or_none(match.group(2)) if match else None
@@ -168,7 +174,7 @@ def parse_aggregations(text: str) -> list[Aggregation]:
                     or (match.group(1) == "share" and value > 1):
                 raise UsageError(f"argument --aggregations: {extra!r} in {item!r} is not "
                                  "nesterov=M, momentum=M, gl=G, share=S (0 < S <= 1), "
-                                 "prox=MU or overlap, with numbers M, MU >= 0, G > 0")
+                                 "prox=MU, overlap or scaffold, with numbers M, MU >= 0, G > 0")
             if match.group(1) == "gl":
                 fields["global_lr"] = value
             elif match.group(1) == "share":
@@ -267,7 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated subset of " + ", ".join(modes.NAMES))
     r.add_argument("--aggregations", default=DEFAULT_AGGREGATIONS,
                    help="ESync rows, one per item: RULE[+nesterov=M|+momentum=M][+gl=G][+share=S]"
-                        "[+overlap][+prox=MU] with "
+                        "[+overlap][+prox=MU][+scaffold] with "
                         "RULE one of " + ", ".join(AGGREGATION_RULES))
     r.add_argument("--data", default=None,
                    help="comma-separated data splits: iid (shuffled shards, -s 0); by-class "

@@ -99,12 +99,16 @@ class KeyMap:
     """Stable integer keys: trainable parameters first, then auxiliary states, then control keys,
     then the algorithm's own state (e.g. ESync's outer momentum)."""
 
-    def __init__(self, num_trainable: int, num_aux: int, num_state: int = 0):
+    def __init__(self, num_trainable: int, num_aux: int, num_state: int = 0,
+                 num_extra: int = 0):
         self.trainable = list(range(num_trainable))
         self.aux = list(range(num_trainable, num_trainable + num_aux))
         self.control = num_trainable + num_aux        # the control vector, summed each round
         self.meta = num_trainable + num_aux + 1       # [start round, start time, samples] of rank 0
         self.state = list(range(self.meta + 1, self.meta + 1 + num_state))
+        # exchanged every round besides the model (SCAFFOLD's control-variate changes)
+        self.extra = list(range(self.meta + 1 + num_state,
+                                self.meta + 1 + num_state + num_extra))
 
 
 # -- the control vector ----------------------------------------------------------------------------

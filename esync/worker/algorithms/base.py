@@ -52,6 +52,7 @@ class AlgorithmConfig:
     max_round_seconds: float = 0.0        # --max-round-seconds: bound on a round (0: none)
     overlap: bool = False                 # --overlap: exchange during the next round
     prox_mu: float = 0.0                  # --prox-mu: FedProx's proximal coefficient (0: none)
+    scaffold: bool = False                # --scaffold: SCAFFOLD's control variates
     batch_size: int = 64                  # -b: samples per local step
     max_rounds: int = 0                   # --max-rounds: the last round (0: no such bound)
     state_url: str = "http://127.0.0.1:10010"
@@ -69,6 +70,7 @@ class AlgorithmConfig:
                    max_round_seconds=getattr(args, "max_round_seconds", cls.max_round_seconds),
                    overlap=bool(getattr(args, "overlap", False)),
                    prox_mu=getattr(args, "prox_mu", 0.0) or 0.0,
+                   scaffold=bool(getattr(args, "scaffold", False)),
                    batch_size=getattr(args, "batch_size", cls.batch_size),
                    max_rounds=getattr(args, "max_rounds", 0) or 0,
                    state_url=f"http://{args.state_server_ip}:{args.state_server_port}",
@@ -115,6 +117,11 @@ class Algorithm:
     def state_arrays(self) -> dict:
         """Named NDArrays of the algorithm's own state (e.g. outer momentum), updated in place."""
         return {}
+
+    def extra_shapes(self) -> list:
+        """Shapes of the arrays the algorithm exchanges every round besides the model (keys of
+        their own, created with the others)."""
+        return []
 
     def setup(self) -> None:
         """Runs once the global model is in place, before the first round."""

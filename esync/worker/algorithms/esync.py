@@ -28,6 +28,12 @@ stays within ``--comm-share`` of it (``esync.coordination.rules.round_length``).
 Networks", MLSys 2020): each local step also descends ``(mu/2) |w - w_start|^2`` per sample, so
 a device running many steps on its own classes drifts less from the round's start; no traffic.
 
+``--scaffold``: SCAFFOLD's control variates (Karimireddy et al., ICML 2020, option II). Each
+local step descends ``g + c - c_i`` (``c`` the workers' mean variate, the same on every rank;
+``c_i`` this worker's); after a round ``c_i <- c_i - c + (x - y_i) / (k_i * lr)`` (``x`` the
+round's start, ``y_i`` the local model: the round's mean raw gradient), and the changes of
+``c_i`` travel with the deltas through keys of their own: twice the traffic of a round.
+
 ``--overlap``: the exchange of round r runs while round r+1 computes. The global model ``g``
 (identical on every rank) moves one round late, when round r's sum arrives at the end of round
 r+1; meanwhile each worker continues from ``g`` plus its own fresh delta (the "eager" variant of
@@ -46,6 +52,7 @@ from esync.coordination.client import ReadinessAsker, SpeedAnnouncer, StateClien
 from esync.coordination.rules import RoundSizing
 
 MOMENTUM_STATE = "outer_momentum.{}"     # checkpoint names of the outer optimizer's buffers
+SCAFFOLD_STATE = "scaffold_c.{}"         # checkpoint names of SCAFFOLD's global control variate
 MAX_REPORTS_PER_CALL = 64                # the state server's limit for one batch of round reports
 
 
@@ -59,6 +66,11 @@ class ESync(Algorithm):
                                               nesterov=cfg.nesterov)
         self.momentum = ([nd.zeros(p.shape, ctx=w.ctx) for p in w.trainable]
                          if self.outer.has_state else [None] * len(w.trainable))
+        self.variate = self.own_variate = None
+        if cfg.scaffold:
+            self.variate = [nd.zeros(p.shape, ctx=w.ctx) for p in w.trainable]       # c
+            self.own_variate = [nd.zeros(p.shape, ctx=w.ctx) for p in w.trainable]   # c_i
+            self.variate_sum = [nd.zeros(p.shape, ctx=w.ctx) for p in w.trainable]
         self.client = self.reporter = None
         self.where = None                    # (host, device) as announced: for later hellos
         self.speed_announcer = None          # made at the first speed change
@@ -81,10 +93,18 @@ class ESync(Algorithm):
                     StateClient(cfg.state_url, job=cfg.job, token=cfg.state_token))
 
     def state_arrays(self) -> dict:
-        """The outer optimizer's buffers: checkpointed, and rank 0's reach every worker on start."""
-        if not self.outer.has_state:
-            return {}
-        return {MOMENTUM_STATE.format(i): b for i, b in enumerate(self.momentum)}
+        """The outer optimizer's buffers and SCAFFOLD's global variate: checkpointed, and rank
+        0's reach every worker on start."""
+        state = {}
+        if self.outer.has_state:
+            state.update({MOMENTUM_STATE.format(i): b for i, b in enumerate(self.momentum)})
+        if self.variate is not None:
+            state.update({SCAFFOLD_STATE.format(i): c for i, c in enumerate(self.variate)})
+        return state
+
+    def extra_shapes(self) -> list:
+        """SCAFFOLD: the changes of each worker's variate, one key per parameter."""
+        return [p.shape for p in self.worker.trainable] if self.config.scaffold else []
 
     def setup(self) -> None:
         w = self.worker
@@ -127,6 +147,9 @@ class ESync(Algorithm):
 
     def local_step(self, record) -> None:
         with record.phase("local update"):
+            if self.variate is not None:
+                for p, c, own in zip(self.worker.trainable, self.variate, self.own_variate):
+                    p.grad()[:] += c - own
             mu = self.config.prox_mu
             if mu:
                 # FedProx: the gradient of (mu/2)|w - w_start|^2 per sample, summed over the
@@ -184,10 +207,28 @@ class ESync(Algorithm):
         w, cfg = self.worker, self.config
         push = aggregate.push_weight(cfg.aggregation, w.round_k)
         pushed = [d * push for d in deltas]        # fresh arrays: MXNet writes the sums into them
-        return self.start_exchange(pushed + self.aux, self.delta_sum + self.aux_sum,
-                                   w.keys.trainable + w.keys.aux, want_stop,
+        extra, extra_sums = self._variate_changes(deltas), []
+        if extra:
+            extra_sums = self.variate_sum
+        return self.start_exchange(pushed + self.aux + extra,
+                                   self.delta_sum + self.aux_sum + extra_sums,
+                                   w.keys.trainable + w.keys.aux + w.keys.extra[:len(extra)],
+                                   want_stop,
                                    k=w.round_k, c=w.round_c, plan=self._plan_to_send(),
                                    d=self.last_comm, watch=watch)
+
+    def _variate_changes(self, deltas) -> list:
+        """SCAFFOLD: c_i's new value from this round, and its change (pushed); [] without."""
+        if self.variate is None:
+            return []
+        w = self.worker
+        scale = -1.0 / (max(1, w.round_k) * self.config.local_lr)   # (x - y_i) / (k_i lr)
+        changes = []
+        for i, (c, own, d) in enumerate(zip(self.variate, self.own_variate, deltas)):
+            new = own - c + d * scale
+            changes.append(new - own)
+            self.own_variate[i] = new
+        return changes
 
     def _finish(self, exchange, t: int):
         """Wait for round t's sums and move g by them; the decoded control sum."""
@@ -195,6 +236,9 @@ class ESync(Algorithm):
         control = exchange.wait()
         self.last_comm = exchange.seconds
         self.worker_ks = control.k          # every worker's k_i, for rank 0's TensorBoard
+        if self.variate is not None:         # c <- c + mean of the changes of the c_i
+            for c, total in zip(self.variate, self.variate_sum):
+                c[:] = c + total / w.num_workers
         self._move_to_aggregate(aggregate.sum_weight(self.config.aggregation, control.k))
         self.dump("global", t, model=self.start)
         for p, total in zip(w.aux, self.aux_sum):
