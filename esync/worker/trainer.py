@@ -410,6 +410,7 @@ class TrainingLoop:
                 with autograd.record():
                     loss = self.loss_fn(self.w.net(x), y)
                 loss.backward()
+            self.w.batch_samples = int(y.shape[0])
             self.algo.local_step(record)
             factor = self.speed.sleep_factor(time.perf_counter() - self.clock0)
             if factor > 1:

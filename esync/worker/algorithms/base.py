@@ -93,6 +93,8 @@ class Worker:
     round_k: int = 0                 # local iterations this worker ran in it
     round_c: float = 0.0             # duration of its last local iteration (seconds)
     samples_this_round: int = 0
+    batch_samples: int = 0           # samples of the local iteration under way (the last
+                                     # batch of a -s 1 pass is smaller)
 
 
 class Algorithm:

@@ -154,7 +154,7 @@ class ESync(Algorithm):
             if mu:
                 # FedProx: the gradient of (mu/2)|w - w_start|^2 per sample, summed over the
                 # batch as the loss is, pulls each local model back towards its round's start.
-                pull = mu * self.config.batch_size
+                pull = mu * (self.worker.batch_samples or self.config.batch_size)
                 for p, begin in zip(self.worker.trainable, self.round_start):
                     p.grad()[:] += pull * (p.data() - begin)
             self.trainer.step(1)
