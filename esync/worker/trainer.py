@@ -410,6 +410,12 @@ class TrainingLoop:
                 with autograd.record():
                     loss = self.loss_fn(self.w.net(x), y)
                 loss.backward()
+                # MXNet runs the backward pass asynchronously: without this wait the round's
+                # last backward would run inside the exchange, uncounted in c_i (a slow device
+                # with k = 1 would report its forward pass alone, and the state server would
+                # size every round too short for it).
+                for param in self.w.trainable:
+                    param.grad().wait_to_read()
             self.w.batch_samples = int(y.shape[0])
             self.algo.local_step(record)
             factor = self.speed.sleep_factor(time.perf_counter() - self.clock0)
