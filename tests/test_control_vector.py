@@ -24,7 +24,7 @@ def test_no_plan_reads_as_zeros():
 
 
 def test_length_is_two_plus_three_per_worker():
-    assert control_vector(5, 4, stop=False, samples=0).shape == (control_length(5),) == (22,)
+    assert control_vector(5, 4, stop=False, samples=0).shape == (control_length(5),) == (27,)
 
 
 def test_a_plan_of_the_wrong_length_is_refused():

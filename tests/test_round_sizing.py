@@ -107,3 +107,23 @@ def test_bad_transfer_times_are_refused_and_change_nothing():
         job.report_round(1, [1, 1], [0.1, 0.2], [0.1, -1])
     assert err.value.field == "d"
     assert job.last_report_t == 0
+
+
+def test_planned_job_gives_fast_workers_the_time_the_slowest_aggregates():
+    """A slow device's aggregation computes for longer (0.2 s against 0.02 s): with the
+    reported overheads the fast devices fill that time too, k = floor((T + o_s - o_i) / c_i
+    + 1/N)."""
+    job = JobState(num_workers=4, policy="planned", clock=FakeClock())
+    job.report_round(1, [1] * 4, C)
+    plan = job.report_round(2, [8, 8, 2, 1], C, None, [0.02, 0.02, 0.05, 0.2]).plan
+    # floor((0.4 + 0.2 - 0.02) / 0.05 + 0.25) = 11, floor((0.4 + 0.2 - 0.05) / 0.2 + 0.25) = 3
+    assert plan == [11, 11, 3, 1]
+    assert job.report_round(3, plan, C).plan == plan     # kept while no newer overhead comes
+
+
+def test_a_slow_aggregation_counts_with_the_transfer_when_rounds_are_stretched():
+    job = JobState(num_workers=4, policy="planned", clock=FakeClock(), sizing=SHARE)
+    job.report_round(1, [1] * 4, C)
+    job.report_round(2, [8, 8, 2, 1], C, [0.1, 0.1, 0.1, 0.05], [0.02, 0.02, 0.05, 0.2])
+    # the slowest device neither trains nor exchanges for 0.05 + 0.2 s: T = 9 x 0.25
+    assert job.snapshot()["round_length"] == pytest.approx(9 * 0.25)

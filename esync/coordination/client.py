@@ -133,13 +133,13 @@ class StateClient:
             fields["t"] = t
         return int(self._post("plan", fields)["k"])
 
-    def report_round(self, t: int, k, c, d=None) -> list[int]:
+    def report_round(self, t: int, k, c, d=None, o=None) -> list[int]:
         """Planned policy, rank 0: every worker's k and c of round ``t``; returns the plan.
 
         The plan holds every worker's local iterations for the next round the server can still
         influence; a repeated report of round ``t`` returns the same plan.
         """
-        return self.report_rounds([(t, k, c, d)])[1]
+        return self.report_rounds([(t, k, c, d, o)])[1]
 
     def report_rounds(self, reports) -> tuple[int, list[int]]:
         """Several ``(t, k, c[, d])`` round reports in order, in one call (a reporter that fell
@@ -152,6 +152,8 @@ class StateClient:
             item = {"t": t, "k": [int(v) for v in k], "c": [float(v) for v in c]}
             if len(report) > 3 and report[3] is not None:
                 item["d"] = [float(v) for v in report[3]]
+            if len(report) > 4 and report[4] is not None:
+                item["o"] = [float(v) for v in report[4]]
             items.append(item)
         answer = self._post("rounds", {"rounds": items})
         return int(answer["t"]), [int(v) for v in answer["plan"]]

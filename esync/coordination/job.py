@@ -37,7 +37,7 @@ from typing import Callable
 
 from esync.coordination.limits import (
     AUTO, COMM_SMOOTHING, ERR_BATCH, ERR_C, ERR_D, ERR_K, ERR_NUM_WORKERS, ERR_RANK, ERR_ROUND,
-    ERR_ROUND_C, ERR_ROUND_D, ERR_ROUND_K, ERR_WRONG_POLICY_APPLY, ERR_WRONG_POLICY_PLAN,
+    ERR_ROUND_C, ERR_ROUND_D, ERR_ROUND_K, ERR_ROUND_O, ERR_WRONG_POLICY_APPLY, ERR_WRONG_POLICY_PLAN,
     ERR_WRONG_POLICY_ROUNDS, HISTORY_IN_MEMORY, MAX_BATCH, MAX_C, MAX_COMM, MAX_K, MAX_ROUND,
     MAX_WORKERS, OVERHEAD_SMOOTHING, PERSISTED_FIELDS, PLANS_KEPT, PolicyError, PolicyMismatch,
     check_epsilon, check_float, check_int, check_policy, check_sizing)
@@ -258,15 +258,17 @@ class JobState:
             record = self._enter(rank, t, self._clock())
             return RoundEntry(record=record, new_round=new_round, current_round=self.current_round)
 
-    def report_round(self, t: int, ks, cs, ds=None) -> RoundReport:
-        """Every worker's ``k`` and ``c`` (and optionally ``d``, its communication time) of
-        round ``t`` at once; the plan for the next round.
+    def report_round(self, t: int, ks, cs, ds=None, os_=None) -> RoundReport:
+        """Every worker's ``k`` and ``c`` (and optionally ``d``, its communication time, and
+        ``o``, the time its aggregation computed) of round ``t`` at once; the plan for the next
+        round. With ``o``, a worker whose aggregation takes longer (a slow device) counts as
+        the slack ``o_i - o_s``: the others get that time to compute (``slack_of``).
 
         Called by rank 0 after round t's exchange. Enters every worker into round t + 1, closes
         round t for each, and plans with ``plan_round``. A repeated report of a round already
         reported changes nothing and answers the plan given then (or the newest one).
         """
-        return self.report_rounds([(t, ks, cs, ds)])
+        return self.report_rounds([(t, ks, cs, ds, os_)])
 
     def report_rounds(self, reports) -> RoundReport:
         """Several ``(t, ks, cs[, ds])`` reports in order (a reporter catching up); the last
@@ -280,19 +282,22 @@ class JobState:
         if self.policy != "planned":
             raise PolicyMismatch(ERR_WRONG_POLICY_ROUNDS, "policy")
         answer = None
-        for t, ks, cs, ds in checked:
-            answer = self._report_round(t, ks, cs, ds)
+        for t, ks, cs, ds, os_ in checked:
+            answer = self._report_round(t, ks, cs, ds, os_)
         return answer
 
-    def _check_round_report(self, t, ks, cs, ds=None) -> tuple[int, list, list, list | None]:
+    def _check_round_report(self, t, ks, cs, ds=None, os_=None) -> tuple:
         t = check_int(t, low=1, high=MAX_ROUND - 1, message=ERR_ROUND, field="t")
         ks = self._check_vector(ks, ERR_ROUND_K, "k", integer=True)
         cs = self._check_vector(cs, ERR_ROUND_C, "c", integer=False)
         if ds is not None:
             ds = self._check_vector(ds, ERR_ROUND_D, "d", integer=False, high=MAX_COMM)
-        return t, ks, cs, ds
+        if os_ is not None:
+            os_ = self._check_vector(os_, ERR_ROUND_O, "o", integer=False, high=MAX_COMM)
+        return t, ks, cs, ds, os_
 
-    def _report_round(self, t: int, ks: list, cs: list, ds: list | None) -> RoundReport:
+    def _report_round(self, t: int, ks: list, cs: list, ds: list | None,
+                      os_: list | None = None) -> RoundReport:
         with self._lock:
             if t <= self.last_report_t:
                 kept = t if t in self._plans else self.last_report_t
@@ -317,8 +322,12 @@ class JobState:
                 me.round_k, me.round_compute, me.ready = 0, 0.0, False
                 me.round_start = now
                 self._record_comm(me, ds[rank] if ds is not None else None)
+                if os_ is not None:        # per round here: what its aggregation computes
+                    me.overhead = os_[rank] if me.overhead is None else (
+                        (1 - OVERHEAD_SMOOTHING) * me.overhead + OVERHEAD_SMOOTHING * os_[rank])
             self.current_round = max(self.current_round, t + 1)
             plan = plan_round([w.c for w in self._workers], epsilon=self.epsilon,
+                              overheads=[w.overhead for w in self._workers],
                               length=self._round_length())
             for me, k in zip(self._workers, plan):
                 me.planned_k = k
@@ -493,10 +502,16 @@ class JobState:
         me.k, me.c, me.seen, me.started = k, c, now, True
 
     def _round_length(self) -> float:
-        """The round's duration T by ``round_length`` from the latest c and communication."""
+        """The round's duration T by ``round_length`` from the latest c and communication.
+
+        Under the planned policy the overheads are per round (what each aggregation computes):
+        the largest is time its device does not train either, so it counts with the transfer.
+        """
         c_s = max(worker.c for worker in self._workers)
-        return round_length(c_s, transfer_estimate([w.comm for w in self._workers]),
-                            self.sizing)
+        cost = transfer_estimate([w.comm for w in self._workers])
+        if self.policy == "planned" and cost > 0:
+            cost += max(w.overhead or 0.0 for w in self._workers)
+        return round_length(c_s, cost, self.sizing)
 
     @staticmethod
     def _record_comm(me: _Worker, d: float | None) -> None:

@@ -48,6 +48,8 @@ ERR_D = (f"d (the worker's communication time of its last round) must be a numbe
          f"in [0, {MAX_COMM:g}]")
 ERR_ROUND_D = ("d must be a list of num_workers ({num_workers}) numbers of seconds in [0, "
                f"{MAX_COMM:g}]: every worker's communication time in round t")
+ERR_ROUND_O = ("o must be a list of num_workers ({num_workers}) numbers of seconds in [0, "
+               f"{MAX_COMM:g}]: the time every worker's aggregation of round t computed")
 PLANS_KEPT = 64             # answered plans remembered per job, to answer a repeated report
 
 PERSISTED_FIELDS = ("round", "k", "c", "ready", "planned_k", "overhead", "round_k",

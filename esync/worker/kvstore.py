@@ -113,15 +113,16 @@ class KeyMap:
 
 # -- the control vector ----------------------------------------------------------------------------
 # Every aggregation also pushes one small vector; the server sums it over the workers:
-#     [stop_vote, samples, k_0..k_{N-1}, c_0..c_{N-1}, plan_0..plan_{N-1}, d_0..d_{N-1}]
+#     [stop_vote, samples, k_0..k_{N-1}, c_0..c_{N-1}, plan_0..plan_{N-1}, d_0..d_{N-1},
+#      o_0..o_{N-1}]
 # Worker i writes its own k_i (local iterations this round), c_i (its last local iteration's
-# duration) and d_i (how long its previous exchange took, push to pulled sum) into slot i and
-# zeros elsewhere, so the sum carries every worker's values; only rank 0
+# duration), d_i (how long its previous exchange took, push to pulled sum) and o_i (the time its
+# previous aggregation spent computing, outside the wait) into slot i and zeros elsewhere, so the sum carries every worker's values; only rank 0
 # writes the plan slots (ESync's planned policy: every worker's k for a coming round).
 
 
 def control_length(num_workers: int) -> int:
-    return 2 + 4 * num_workers
+    return 2 + 5 * num_workers
 
 
 @dataclass(frozen=True)
@@ -134,15 +135,17 @@ class ControlSum:
     c: list                  # every worker's c_i (seconds)
     plan: list               # the plan rank 0 sent (all zeros: none)
     d: list                  # every worker's communication time of its previous exchange (s)
+    o: list                  # every worker's aggregation overhead of its previous round (s)
 
 
 def control_vector(num_workers: int, rank: int, *, stop: bool, samples: int, k: int = 0,
-                   c: float = 0.0, plan=None, d: float = 0.0) -> np.ndarray:
+                   c: float = 0.0, plan=None, d: float = 0.0, o: float = 0.0) -> np.ndarray:
     """This worker's contribution to the summed control vector (float32, as the parameters)."""
     n = num_workers
     vector = np.zeros(control_length(n), dtype=np.float32)
     vector[0], vector[1] = (1.0 if stop else 0.0), samples
     vector[2 + rank], vector[2 + n + rank], vector[2 + 3 * n + rank] = k, c, d
+    vector[2 + 4 * n + rank] = o
     if plan is not None:
         if len(plan) != n:
             raise ValueError(f"a plan has one k per worker: {len(plan)} values for {n} workers")
@@ -157,7 +160,8 @@ def read_control(summed: np.ndarray, num_workers: int) -> ControlSum:
                       k=[int(round(v)) for v in values[2:2 + n]],
                       c=[float(v) for v in values[2 + n:2 + 2 * n]],
                       plan=[int(round(v)) for v in values[2 + 2 * n:2 + 3 * n]],
-                      d=[float(v) for v in values[2 + 3 * n:2 + 4 * n]])
+                      d=[float(v) for v in values[2 + 3 * n:2 + 4 * n]],
+                      o=[float(v) for v in values[2 + 4 * n:2 + 5 * n]])
 
 
 def _set_barrier_before_exit(kvstore: mx.kv.KVStore, on: bool) -> None:

@@ -81,7 +81,7 @@ def reset(request, fields, job=DEFAULT_JOB):
 
 
 @api("POST", changes_state=True, max_body="ESYNC_STATE_MAX_ROUNDS_BODY",
-     max_containers=4 + 4 * MAX_BATCH)
+     max_containers=4 + 5 * MAX_BATCH)
 def rounds(request, fields, job=DEFAULT_JOB):
     """Rank 0's report of round t: every worker's k and c; answers the plan of every worker.
 
@@ -99,9 +99,11 @@ def rounds(request, fields, job=DEFAULT_JOB):
 
 
 def _round_report(fields: dict) -> tuple:
-    """``(t, k, c, d)`` of one round; ``d`` (every worker's communication time) is optional."""
+    """``(t, k, c, d, o)`` of one round; ``d`` (every worker's communication time) and ``o``
+    (every worker's aggregation overhead) are optional."""
     d = list_field(fields, "d") if fields.get("d") is not None else None
-    return int_field(fields, "t"), list_field(fields, "k"), list_field(fields, "c"), d
+    o = list_field(fields, "o") if fields.get("o") is not None else None
+    return int_field(fields, "t"), list_field(fields, "k"), list_field(fields, "c"), d, o
 
 
 @api("GET", changes_state=False)

@@ -194,3 +194,13 @@ def test_bad_transfer_times_in_a_round_report_are_a_400(client, planned):
                                      "d": [0.1, "x", 0.1]})
     assert answer.status_code == 400 and answer.json()["field"] == "d"
     assert not WorkerRound.objects.exists()
+
+
+def test_reported_aggregation_overheads_give_the_fast_workers_more_steps(client, planned):
+    post(client, "rounds", {"t": 1, "k": [1, 1, 1], "c": [0.02, 0.08, 0.04]})
+    plan = post(client, "rounds", {"t": 2, "k": [4, 1, 2], "c": [0.02, 0.08, 0.04],
+                                   "o": [0.0, 0.04, 0.0]}).json()["plan"]
+    assert plan == [6, 1, 3]          # floor((0.08 + 0.04) / c_i + 1/3)
+    bad = post(client, "rounds", {"t": 3, "k": [4, 1, 2], "c": [0.02, 0.08, 0.04],
+                                  "o": [0, -1, 0]})
+    assert bad.status_code == 400 and bad.json()["field"] == "o"

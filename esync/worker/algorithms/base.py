@@ -186,7 +186,7 @@ class Algorithm:
                              kvstore=None)
 
     def exchange(self, arrays: list, outs: list, keys: list, want_stop: bool, *, k: int = 0,
-                 c: float = 0.0, plan=None, d: float = 0.0) -> ControlSum:
+                 c: float = 0.0, plan=None, d: float = 0.0, o: float = 0.0) -> ControlSum:
         """Push `arrays` and this worker's control vector, pull the sums, one wait.
 
         The control vector (``esync.worker.kvstore.control_vector``) carries the stop vote, the samples,
@@ -194,16 +194,17 @@ class Algorithm:
         The global number of samples of the round is left in ``self.global_samples``.
         """
         return self.start_exchange(arrays, outs, keys, want_stop, k=k, c=c, plan=plan,
-                                   d=d).wait()
+                                   d=d, o=o).wait()
 
     def start_exchange(self, arrays: list, outs: list, keys: list, want_stop: bool, *,
                        k: int = 0, c: float = 0.0, plan=None, d: float = 0.0,
-                       watch: bool = False) -> "PendingExchange":
+                       o: float = 0.0, watch: bool = False) -> "PendingExchange":
         """``exchange`` without the wait: the arrays travel while this worker computes.
         ``watch``: time the transfer from a background thread (``PendingExchange.seconds``)."""
         w = self.worker
         control = nd.array(control_vector(w.num_workers, w.rank, stop=want_stop,
-                                          samples=w.samples_this_round, k=k, c=c, plan=plan, d=d),
+                                          samples=w.samples_this_round, k=k, c=c, plan=plan, d=d,
+                                          o=o),
                            ctx=w.ctx)
         control_sum = nd.zeros(control.shape, ctx=w.ctx)
         started = time.perf_counter()
@@ -215,11 +216,13 @@ class Algorithm:
 class PendingExchange:
     """An exchange under way. ``wait()`` blocks until the sums are in and decodes the control
     sum; ``seconds`` is how long the exchange took from its push to the last sum's arrival
-    (measured by a watcher thread when started with ``watch``, else by ``wait``)."""
+    (measured by a watcher thread when started with ``watch``, else by ``wait``); ``waited``
+    how long ``wait`` blocked."""
 
     def __init__(self, algorithm: Algorithm, outs: list, started: float, *, watch: bool):
         self.algorithm, self.outs, self.started = algorithm, outs, started
         self.seconds: float | None = None
+        self.waited = 0.0
         self._watcher = None
         if watch:
             self._watcher = threading.Thread(target=self._watch, name="esync-exchange-watch",
@@ -232,8 +235,10 @@ class PendingExchange:
         self.seconds = time.perf_counter() - self.started
 
     def wait(self) -> ControlSum:
+        began = time.perf_counter()
         for out in self.outs:
             out.wait_to_read()
+        self.waited = time.perf_counter() - began
         if self._watcher is not None:
             self._watcher.join()
         else:

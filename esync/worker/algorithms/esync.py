@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 
 from mxnet import nd
 
@@ -79,6 +80,8 @@ class ESync(Algorithm):
         self.reported = None                 # rank 0: the control sum it reported last round
         self.pending = None                  # --overlap: the exchange under way
         self.last_comm = 0.0                 # seconds the last finished exchange took
+        self.last_overhead = 0.0             # seconds the last aggregation computed (not waited)
+        self.round_waited = 0.0              # this aggregation's blocking waits so far
         if cfg.local_iters:
             return
         self.client = StateClient(cfg.state_url, job=cfg.job, token=cfg.state_token)
@@ -160,6 +163,16 @@ class ESync(Algorithm):
             self.trainer.step(1)
 
     def aggregate(self, record, want_stop: bool) -> bool:
+        """The round's exchange; also times what the aggregation computes outside its waits
+        (``last_overhead``: the deltas, the outer step, the copies), which on a slow device is
+        part of its round: the planned policy gives the faster devices that time to compute."""
+        began, self.round_waited = time.perf_counter(), 0.0
+        try:
+            return self._aggregate(record, want_stop)
+        finally:
+            self.last_overhead = max(0.0, time.perf_counter() - began - self.round_waited)
+
+    def _aggregate(self, record, want_stop: bool) -> bool:
         if self.config.overlap:
             return self._aggregate_overlapped(record, want_stop)
         with record.phase("global update"):
@@ -215,7 +228,7 @@ class ESync(Algorithm):
                                    w.keys.trainable + w.keys.aux + w.keys.extra[:len(extra)],
                                    want_stop,
                                    k=w.round_k, c=w.round_c, plan=self._plan_to_send(),
-                                   d=self.last_comm, watch=watch)
+                                   d=self.last_comm, o=self.last_overhead, watch=watch)
 
     def _variate_changes(self, deltas) -> list:
         """SCAFFOLD: c_i's new value from this round, and its change (pushed); [] without."""
@@ -234,6 +247,7 @@ class ESync(Algorithm):
         """Wait for round t's sums and move g by them; the decoded control sum."""
         w = self.worker
         control = exchange.wait()
+        self.round_waited += exchange.waited
         self.last_comm = exchange.seconds
         self.worker_ks = control.k          # every worker's k_i, for rank 0's TensorBoard
         if self.variate is not None:         # c <- c + mean of the changes of the c_i
@@ -286,7 +300,7 @@ class ESync(Algorithm):
         if any(control.plan):
             self.next_k = max(1, control.plan[w.rank])
         if self.reporter is not None:
-            self.reporter.submit(t, control.k, control.c, control.d)
+            self.reporter.submit(t, control.k, control.c, control.d, control.o)
             self.reported = control
 
     def round_extras(self) -> dict:
@@ -337,9 +351,10 @@ class PlanReporter:
                                         daemon=True)
         self._thread.start()
 
-    def submit(self, t: int, ks, cs, ds=None) -> None:
+    def submit(self, t: int, ks, cs, ds=None, os_=None) -> None:
         self._raise_if_failed()
-        self._queue.put((t, list(ks), list(cs), None if ds is None else list(ds)))
+        self._queue.put((t, list(ks), list(cs), None if ds is None else list(ds),
+                         None if os_ is None else list(os_)))
 
     def newest(self):
         self._raise_if_failed()
@@ -383,8 +398,8 @@ class PlanReporter:
         if len(reports) > 1 and several is not None:
             t, plan = several(reports)                # one call, one transaction
         else:
-            for t, ks, cs, ds in reports:
-                plan = self.client.report_round(t, ks, cs, ds)
+            for t, ks, cs, ds, os_ in reports:
+                plan = self.client.report_round(t, ks, cs, ds, os_)
         return t, [int(k) for k in plan]
 
     def _raise_if_failed(self) -> None:
