@@ -440,16 +440,26 @@ def test_planned_policy_keeps_http_off_every_workers_round(planned_run):
 
 
 def test_planned_k_per_round_follows_the_policy_for_the_reported_durations(planned_run):
-    """Rank 0 logs every round's reported (k, c) and which round's plan it sent to everyone in
-    that exchange; the next round's k_i of all workers must be the planned policy's answer
-    (esync.coordination.job.plan_round, the state server's own function) for that round's durations."""
+    """Rank 0 logs every round's reported (k, c, d, o) and which round's plan it sent to
+    everyone in that exchange; the next round's k_i of all workers must be the planned policy's
+    answer for those reports: a JobState (the state server's own) with the launcher's round
+    sizing, fed the same reports in order."""
+    from esync.coordination.job import JobState
+    from esync.coordination.rules import RoundSizing
     rank0 = {r["num_iters"]: r for r in planned_run[0]}
     ks = {r: [planned_run[i][r - 1]["k"] for i in range(4)] for r in rank0}
     used = {r + 1: log["plan_sent_from_round"] for r, log in rank0.items()
             if log.get("plan_sent_from_round") and r + 1 in ks}
+    job = JobState(num_workers=4, policy="planned",
+                   sizing=RoundSizing(comm_share=0.1, max_round=5.0))
+    plans = {t: job.report_round(t, log["reported_k"], log["reported_c"], log["reported_d"],
+                                 log["reported_o"]).plan
+             for t, log in sorted(rank0.items()) if "reported_k" in log}
     got = {r: ks[r] for r in used}
-    want = {r: plan_round(rank0[t]["reported_c"], epsilon="auto") for r, t in used.items()}
+    want = {r: plans[t] for r, t in used.items()}
     assert len(used) >= 5 and got == want
+    # the rounds were stretched: the slowest device ran several iterations in some round
+    assert max(ks[r][3] for r in used) > 1, ks
 
 
 def test_state_token_is_never_written_to_disk(tmp_path, small_data):

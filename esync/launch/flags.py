@@ -26,12 +26,18 @@ CLUSTER_LR = 0.05 / 64
 # ESync's aggregation: the benchmark's best rule (docs/benchmark/report.md), deltas weighted by
 # k_i with DiLoCo's outer Nesterov momentum 0.9 and outer learning rate 0.7. main.py keeps the
 # original's plain mean; `--aggregation mean --outer-momentum 0 --no-nesterov -gl 1` here too.
-# Rounds are stretched so that the exchange takes at most 10% of a round, up to 5 s
-# (docs/ALGORITHM.md, "Rounds sized by compute and transfer"); `--comm-share 1` is the original.
+# Rounds are stretched so that the exchange takes at most 10% of a round (i.i.d. data), up to
+# 5 s (docs/ALGORITHM.md, "Rounds sized by compute and transfer"); `--comm-share 1` is the
+# original.
 CLUSTER_DEFAULTS = dict(network="lenet", cpu=1, learning_rate=CLUSTER_LR, local_lr=CLUSTER_LR,
                         eval_duration=10, max_seconds=90.0, mode="esync",
                         aggregation="weighted", outer_momentum=0.9, nesterov=True, global_lr=0.7,
-                        comm_share=0.1, max_round_seconds=5.0)
+                        comm_share=None, max_round_seconds=5.0)
+# --comm-share by data split: on i.i.d. shards rounds are stretched until the exchange takes at
+# most 10% of a round; by-class shards (-s 1, -s 2) keep rounds of one slowest iteration, since
+# every extra local step on one device's classes is drift (FedAvg's local-epochs trade-off; a
+# 2-worker -s 1 cluster test fell to chance with stretched rounds).
+COMM_SHARE_IID, COMM_SHARE_BY_CLASS = 0.1, 1.0
 STATE_SERVER_RESTARTS = 3        # a state server that keeps dying is a failure, not a blip
 DEFAULT_SLOWDOWN = "1,1,4,8"      # the emulated cluster: two fast, one 4x, one 8x slower
 LOCAL_ADDRESS = "127.0.0.1"       # the local backend's one host
@@ -62,6 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
     cli.add_training_args(parser)
     cli.add_run_args(parser, one_worker=False)
     parser.set_defaults(**CLUSTER_DEFAULTS)
+    parser._option_string_actions["--comm-share"].help = (
+        "the state server stretches rounds so that the measured exchange takes at most this "
+        f"share of a round (default by data split: {COMM_SHARE_IID:g} on i.i.d. data, "
+        f"{COMM_SHARE_BY_CLASS:g} (rounds of one slowest iteration) with -s 1 or -s 2, where "
+        "longer rounds are more drift)")
     g = parser.add_argument_group("cluster")
     g.add_argument("--workers", type=positive_int, default=4, help="number of workers")
     g.add_argument("--slowdown", dest="slowdown_list", default=None,
@@ -150,6 +161,8 @@ def parse(parser, argv) -> argparse.Namespace:
     if args.backend != "local" and args.net != "loopback":
         raise UsageError(f"--net {args.net} emulates hosts on this machine: it needs "
                              f"--backend local, not --backend {args.backend}")
+    if args.comm_share is None:
+        args.comm_share = COMM_SHARE_BY_CLASS if args.split_by_class else COMM_SHARE_IID
     if args.slowdown_list is None:
         args.slowdown_list = DEFAULT_SLOWDOWN if args.workers == 4 else "1"
     args.slowdowns = slowdown_factors(args.slowdown_list, args.workers)

@@ -311,6 +311,7 @@ class ESync(Algorithm):
         if self.reporter is None or self.reported is None:
             return extras
         return dict(extras, reported_k=self.reported.k, reported_c=self.reported.c,
+                    reported_d=self.reported.d, reported_o=self.reported.o,
                     plan_sent_from_round=self.plan_sent)
 
     def global_model(self) -> dict:
