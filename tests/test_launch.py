@@ -43,10 +43,12 @@ def wait_until_gone(folder, timeout=15):
     return processes_of(folder)
 
 
+@pytest.mark.parametrize("overlap", [[], ["--overlap", "--policy", "planned"]],
+                         ids=["exchange-then-compute", "overlap"])
 def test_killed_worker_is_named_and_the_launcher_exits_within_ten_seconds(
-        tmp_path, fashion_data_dir, launcher):
+        tmp_path, fashion_data_dir, launcher, overlap):
     proc = launcher(*quiet(tmp_path, fashion_data_dir, "-m", "esync", "--workers", 2,
-                           "--slowdown", "1,2", "-b", 8, "--max-seconds", 300))
+                           "--slowdown", "1,2", "-b", 8, "--max-seconds", 300, *overlap))
     mode_dir = tmp_path / "lenet" / "esync"
     wait_for_rounds(proc, mode_dir, "cpu1", 2)
     os.kill(worker_pid(tmp_path, "cpu1"), signal.SIGKILL)
@@ -211,11 +213,13 @@ def _cmdline(pid):
     return open(f"/proc/{pid}/cmdline").read().replace("\0", " ")
 
 
-def test_state_server_killed_mid_job_is_restarted_and_the_job_finishes(tmp_path,
-                                                                     fashion_data_dir, launcher):
+@pytest.mark.parametrize("overlap", [[], ["--overlap", "--policy", "planned"]],
+                         ids=["exchange-then-compute", "overlap"])
+def test_state_server_killed_mid_job_is_restarted_and_the_job_finishes(
+        tmp_path, fashion_data_dir, launcher, overlap):
     proc = launcher(*quiet(tmp_path, fashion_data_dir, "-m", "esync", "--workers", 2,
                            "--slowdown", "1,2", "-b", 8, "--max-rounds", 40,
-                           "--max-seconds", 0, "--no-evaluator"))
+                           "--max-seconds", 0, "--no-evaluator", *overlap))
     mode_dir = tmp_path / "lenet" / "esync"
     wait_for_rounds(proc, mode_dir, "cpu0", 5)
     worker = next(p for p in processes_mentioning(str(tmp_path)) if "main.py" in _cmdline(p))
