@@ -223,7 +223,10 @@ class ESync(Algorithm):
         extra, extra_sums = self._variate_changes(deltas), []
         if extra:
             extra_sums = self.variate_sum
-        return self.start_exchange(pushed + self.aux + extra,
+        # Pushed arrays become the keys' receive buffers (KVChannel.init): the batch-norm
+        # statistics go as copies, or a forward pass would wait for an overlapped exchange.
+        aux = [a.copy() for a in self.aux] if cfg.overlap else self.aux
+        return self.start_exchange(pushed + aux + extra,
                                    self.delta_sum + self.aux_sum + extra_sums,
                                    w.keys.trainable + w.keys.aux + w.keys.extra[:len(extra)],
                                    want_stop,
