@@ -59,12 +59,14 @@ def test_by_class_cluster_pins_devices_to_class_shards_and_learns(tmp_path, fash
                                                                   split, mode_dir):
     """A real 2-worker ESync cluster on by-class data: cluster.json maps each device to its
     shard and that shard's classes (worker i, shard i: classes 0-4, then 5-9), each worker's
-    round logs name the same shard, and the model learns well above chance (0.1)."""
+    round logs name the same shard, and the model learns well above chance (0.1). Without outer
+    momentum: with the launcher's Nesterov 0.9 this -s 1 cluster ends at chance (issue 21)."""
     import json
     from support import device_logs, run_cluster
     data_dir = fashion_dir_factory(train_per_class=100, test_per_class=30)
     run_cluster(tmp_path, data_dir, "-m", "esync", "-s", split, "--workers", 2,
-                "--slowdown", "1,2", "--aggregation", "fednova", "-ll", 0.05 / 32, "-b", 32,
+                "--slowdown", "1,2", "--aggregation", "fednova", "--outer-momentum", 0,
+                "--no-nesterov", "-gl", 1, "-ll", 0.05 / 32, "-b", 32,
                 "--max-rounds", 40, "-e", 40, "--max-seconds", 0)
     folder = tmp_path / "lenet" / mode_dir
     placement = json.loads((folder / "cluster.json").read_text())["placement"]
