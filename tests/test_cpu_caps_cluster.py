@@ -61,7 +61,9 @@ def capped_run(tmp_path_factory):
     done = run_cluster(root / "logs", data, "-m", "esync", "--workers", 2, "--slowdown", "1,4",
                        "--emulation", "cpu-cap", "--cpu-share", "0.4", "-b", 32,
                        "--speed-schedule", f"cpu0:1@0,4@{SHIFT_AT:g}",
-                       "--max-seconds", 2 * SHIFT_AT + 4, "-e", 5, timeout=240)
+                       "--max-seconds", 2 * SHIFT_AT + 4, "-e", 5,
+                       "--comm-share", 1,      # the caps under test, not stretched rounds
+                       timeout=240)
     return root / "logs" / "lenet" / "esync", done
 
 

@@ -323,8 +323,7 @@ class JobState:
                 me.round_start = now
                 self._record_comm(me, ds[rank] if ds is not None else None)
                 if os_ is not None:        # per round here: what its aggregation computes
-                    me.overhead = os_[rank] if me.overhead is None else (
-                        (1 - OVERHEAD_SMOOTHING) * me.overhead + OVERHEAD_SMOOTHING * os_[rank])
+                    me.overhead = _smoothed(me.overhead, os_[rank], OVERHEAD_SMOOTHING)
             self.current_round = max(self.current_round, t + 1)
             plan = plan_round([w.c for w in self._workers], epsilon=self.epsilon,
                               overheads=[w.overhead for w in self._workers],
@@ -492,8 +491,7 @@ class JobState:
         me.requests += 1
         if me.started and me.seen is not None and k == me.round_k + 1:
             sample = max(0.0, (now - me.seen) - c)
-            me.overhead = sample if me.overhead is None else (
-                (1 - OVERHEAD_SMOOTHING) * me.overhead + OVERHEAD_SMOOTHING * sample)
+            me.overhead = _smoothed(me.overhead, sample, OVERHEAD_SMOOTHING)
         if k > me.round_k:
             me.round_compute += c if k == me.round_k + 1 else c * (k - me.round_k)
             me.round_k = k
@@ -517,7 +515,7 @@ class JobState:
     def _record_comm(me: _Worker, d: float | None) -> None:
         if d is None or d <= 0:
             return
-        me.comm = d if me.comm is None else (1 - COMM_SMOOTHING) * me.comm + COMM_SMOOTHING * d
+        me.comm = _smoothed(me.comm, d, COMM_SMOOTHING)
 
     @staticmethod
     def _check_optional_comm(d) -> float | None:
@@ -546,6 +544,11 @@ class JobState:
                              compute=round(compute, 6), wait=round(wait, 6))
         self.history.append(record)
         return record
+
+
+def _smoothed(average: float | None, sample: float, weight: float) -> float:
+    """Exponential moving average with ``weight`` for the newest sample (the first is kept)."""
+    return sample if average is None else (1 - weight) * average + weight * sample
 
 
 class JobRegistry:

@@ -74,12 +74,8 @@ class KVChannel:
 
         `values` are scratch afterwards: the store keeps them as the keys' receive buffers (see
         ``init``), so this pull and later ones write into them too."""
-        keys = list(keys)
-        self.kv.push(keys, list(values))
-        self.kv.pull(keys, out=list(outs))
+        self.start_push_pull(keys, values, outs)
         nd.waitall()
-        self.bytes_pushed += sum(_nbytes(a) for a in values)
-        self.bytes_pulled += sum(_nbytes(a) for a in outs)
 
     def start_push_pull(self, keys: Sequence[int], values: Sequence[nd.NDArray],
                         outs: Sequence[nd.NDArray]) -> None:
@@ -117,8 +113,9 @@ class KeyMap:
 #      o_0..o_{N-1}]
 # Worker i writes its own k_i (local iterations this round), c_i (its last local iteration's
 # duration), d_i (how long its previous exchange took, push to pulled sum) and o_i (the time its
-# previous aggregation spent computing, outside the wait) into slot i and zeros elsewhere, so the sum carries every worker's values; only rank 0
-# writes the plan slots (ESync's planned policy: every worker's k for a coming round).
+# previous aggregation spent computing, outside the wait) into slot i and zeros elsewhere, so
+# the sum carries every worker's values; only rank 0 writes the plan slots (ESync's planned
+# policy: every worker's k for a coming round).
 
 
 def control_length(num_workers: int) -> int:

@@ -190,7 +190,8 @@ class Algorithm:
         """Push `arrays` and this worker's control vector, pull the sums, one wait.
 
         The control vector (``esync.worker.kvstore.control_vector``) carries the stop vote, the samples,
-        this worker's ``k``, ``c`` and ``d`` and (rank 0) a plan; the returned sum holds everyone's.
+        this worker's ``k``, ``c``, ``d`` and ``o`` and (rank 0) a plan; the returned sum holds
+        everyone's.
         The global number of samples of the round is left in ``self.global_samples``.
         """
         return self.start_exchange(arrays, outs, keys, want_stop, k=k, c=c, plan=plan,

@@ -72,6 +72,7 @@ class ESync(Algorithm):
             self.variate = [nd.zeros(p.shape, ctx=w.ctx) for p in w.trainable]       # c
             self.own_variate = [nd.zeros(p.shape, ctx=w.ctx) for p in w.trainable]   # c_i
             self.variate_sum = [nd.zeros(p.shape, ctx=w.ctx) for p in w.trainable]
+            self.correction = [nd.zeros(p.shape, ctx=w.ctx) for p in w.trainable]  # c - c_i
         self.client = self.reporter = None
         self.where = None                    # (host, device) as announced: for later hellos
         self.speed_announcer = None          # made at the first speed change
@@ -114,7 +115,9 @@ class ESync(Algorithm):
         self.trainer = self.sgd(self.config.local_lr)
         self.weights = datas(w.trainable)
         self.start = [x.copy() for x in self.weights]          # the global model g
-        self.round_start = [x.copy() for x in self.weights]    # where this round began
+        # Where this round began: g itself, unless overlap continues from g + its own delta.
+        self.round_start = ([x.copy() for x in self.weights] if self.config.overlap
+                            else self.start)
         self.delta_sum = [nd.zeros_like(x) for x in self.weights]
         self.aux = datas(w.aux)
         self.aux_sum = [nd.zeros_like(x) for x in self.aux]
@@ -151,8 +154,8 @@ class ESync(Algorithm):
     def local_step(self, record) -> None:
         with record.phase("local update"):
             if self.variate is not None:
-                for p, c, own in zip(self.worker.trainable, self.variate, self.own_variate):
-                    p.grad()[:] += c - own
+                for p, correction in zip(self.worker.trainable, self.correction):
+                    p.grad()[:] += correction
             mu = self.config.prox_mu
             if mu:
                 # FedProx: the gradient of (mu/2)|w - w_start|^2 per sample, summed over the
@@ -220,9 +223,8 @@ class ESync(Algorithm):
         w, cfg = self.worker, self.config
         push = aggregate.push_weight(cfg.aggregation, w.round_k)
         pushed = [d * push for d in deltas]        # fresh arrays: MXNet writes the sums into them
-        extra, extra_sums = self._variate_changes(deltas), []
-        if extra:
-            extra_sums = self.variate_sum
+        extra = self._variate_changes(deltas)
+        extra_sums = self.variate_sum if extra else []
         # Pushed arrays become the keys' receive buffers (KVChannel.init): the batch-norm
         # statistics go as copies, or a forward pass would wait for an overlapped exchange.
         aux = [a.copy() for a in self.aux] if cfg.overlap else self.aux
@@ -271,11 +273,18 @@ class ESync(Algorithm):
             start[:] = aggregate.apply_step(start, step, self.config.global_lr)
 
     def _continue_from(self, own_deltas) -> None:
-        """The next round starts at g (None) or, with overlap, at g + this worker's own delta."""
-        for p, start, begin, i in zip(self.worker.trainable, self.start, self.round_start,
-                                      range(len(self.start))):
-            begin[:] = start if own_deltas is None else start + own_deltas[i]
+        """The next round starts at g (None) or, with overlap, at g + this worker's own delta;
+        SCAFFOLD's per-step correction c - c_i is refreshed once here, not at every step."""
+        for i, (p, start, begin) in enumerate(zip(self.worker.trainable, self.start,
+                                                  self.round_start)):
+            if own_deltas is not None:
+                begin[:] = start + own_deltas[i]
+            elif begin is not start:
+                begin[:] = start
             p.set_data(begin)
+        if self.variate is not None:
+            for correction, c, own in zip(self.correction, self.variate, self.own_variate):
+                correction[:] = c - own
 
     def _plan_to_send(self):
         self.plan_sent = None
