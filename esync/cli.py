@@ -22,6 +22,7 @@ from esync.common.errors import UsageError, guarded
 from esync.common.runlayout import ROUND_LOG_PATTERN
 
 DMLC_ROLES = ("scheduler", "server", "worker", "evaluator")
+COLLECTIVES = ("ps", "allreduce")
 
 
 _slowdown = bounded_number(float, low=1, must=">= 1 (a device F times slower)")
@@ -115,6 +116,12 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
                    help="DC-ASGD's lambda, on the batch-summed gradient: the paper's lambda "
                         "(defined on the mean gradient) divided by the batch size; 0: no "
                         "compensation")
+    g.add_argument("--collective", choices=COLLECTIVES, default="ps",
+                   help="how workers combine their arrays: ps, the parameter server (MXNet's "
+                        "dist KVStore, ps-lite; every mode) or allreduce, Horovod's ring "
+                        "allreduce over Gloo (-m esync and -m sync; no server, each link carries "
+                        "2(N-1)/N x the model per exchange; workers started by horovodrun or "
+                        "esync-cluster)")
     g.add_argument("-s", "--split-by-class", type=_split, default=config.split_by_class,
                    help="; ".join(f"{k}: {v}" for k, v in SPLITS.items()))
     g.add_argument("-ip", "--state-server-ip", default=config.state_server_ip,
@@ -223,6 +230,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.eval_duration == "auto" and args.mode != "local":
         args.eval_duration = 1    # a cluster checkpoints every round; its evaluator scores them
     check_esync_options(args)
+    check_collective(args)
     return args
 
 
@@ -231,6 +239,22 @@ def check_esync_options(args) -> None:
     if args.nesterov and not args.outer_momentum:
         raise UsageError("--nesterov needs an --outer-momentum above 0 (DiLoCo uses 0.9); "
                          "for no outer momentum give --outer-momentum 0 --no-nesterov")
+
+
+def check_collective(args) -> None:
+    """Only modes without a server of their own run over the allreduce (shared with
+    esync-cluster)."""
+    from esync.common import modes
+    mode = modes.for_cli(args.mode, args.use_dcasgd)
+    if args.collective not in mode.collectives:
+        runs = [m.cli_mode for m in modes.MODES if args.collective in m.collectives]
+        raise UsageError(f"argument --collective: -m {args.mode}"
+                         + (f" -dcasgd {args.use_dcasgd}" if args.use_dcasgd else "")
+                         + f" cannot run over {args.collective}: "
+                         + ("it runs alone, without a collective" if not mode.cluster else
+                            "its updates are applied by the parameter server")
+                         + f"; --collective {args.collective} runs -m {' and -m '.join(runs)}, "
+                         "or leave --collective at ps")
 
 
 def dmlc_environment(role: str, env=os.environ) -> dict:
@@ -276,7 +300,12 @@ def main(argv=None) -> int:
         args = parse_args(argv)
         if role == "evaluator":
             return _run_evaluator(args)
-        if not role and args.mode != "local":
+        if args.collective == "allreduce":
+            from esync.common.netif import choose_gloo_interface
+            from esync.worker.allreduce import check_environment
+            check_environment()
+            choose_gloo_interface()     # the interface that routes to the rendezvous, if unset
+        elif not role and args.mode != "local":
             raise UsageError(f"-m {args.mode} needs the parameter server: start the roles with "
                              "DMLC_ROLE=scheduler|server|worker (see README), or run the whole "
                              "cluster with `esync-cluster`; use -m local for one device")

@@ -132,6 +132,10 @@ BAD_VALUES = [
     (["--aggregation", "median"], "--aggregation", ["median", "mean", "weighted", "fednova"]),
     (["--outer-momentum", "1"], "--outer-momentum", ["[0, 0.999]"]),
     (["--nesterov"], "--nesterov", ["--outer-momentum"]),
+    (["--collective", "butterfly"], "--collective", ["butterfly", "ps", "allreduce"]),
+    (["-m", "async", "--collective", "allreduce"], "--collective",
+     ["-m async", "parameter server", "-m esync and -m sync"]),
+    (["-m", "local", "--collective", "allreduce"], "--collective", ["-m local", "alone"]),
 ]
 
 
@@ -233,3 +237,10 @@ def test_unknown_dmlc_role_is_refused(main_py):
     line = error_line(main_py("-m", "sync", env=dict(DMLC_OK, DMLC_ROLE="bogus")),
                       prefix=r"main\.py: error: ")
     assert "bogus" in line and "scheduler" in line and "worker" in line
+
+
+def test_allreduce_worker_without_horovods_variables_says_how_to_start_it(main_py):
+    line = error_line(main_py("-m", "esync", "--collective", "allreduce"),
+                      prefix=r"main\.py: error: ")
+    assert "HOROVOD_RANK" in line and "horovodrun --gloo" in line and "esync-cluster" in line
+

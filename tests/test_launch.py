@@ -171,7 +171,12 @@ def test_earlier_logs_are_kept_unless_overwrite_is_given(tmp_path, fashion_data_
     (["--workers", 2], {"DMLC_NUM_WORKER": "3"}, "DMLC_NUM_WORKER=3 in the environment"),
     (["-m", "local"], {}, "-m local is one device"),
     (["-b", "-4"], {}, "argument -b/--batch-size: must be a positive integer"),
-], ids=["slowdown-count", "no-gpu", "bad-device", "num-worker-env", "local", "batch"])
+    (["-m", "async", "--collective", "allreduce"], {}, "-m async cannot run over allreduce"),
+    (["--collective", "allreduce", "--servers", 2], {}, "the allreduce has no parameter server"),
+    (["--workers", 2, "--local-iters", "1,2,3"], {}, "--local-iters: 3 values for 2 workers"),
+    (["--workers", 2, "--local-iters", "0,2"], {}, "all above 0) or none"),
+], ids=["slowdown-count", "no-gpu", "bad-device", "num-worker-env", "local", "batch",
+        "async-allreduce", "allreduce-servers", "local-iters-count", "local-iters-mixed"])
 def test_bad_cluster_input_is_one_clear_line(tmp_path, fashion_data_dir, launcher, args, env,
                                              message):
     done = launcher.run(*quiet(tmp_path, fashion_data_dir, *args), env=env, timeout=60,

@@ -3,7 +3,7 @@ import pytest
 
 from esync.launch.launches import LocalLaunch as LocalCluster
 from esync.launch.flags import build_parser
-from esync.launch.roles import ClusterConfig, Host, Hosts, plan_roles
+from esync.launch.roles import ClusterConfig, Host, Hosts, plan_roles, slot_plan
 from esync.launch.supervisor import StallWatch
 
 PS = Host("ps", "10.9.0.1", interface="veth-ps")
@@ -28,6 +28,43 @@ def test_plan_starts_every_role_in_dependency_order():
     assert [(s.name, s.kind) for s in specs] == [
         ("state-server", "state"), ("scheduler", "scheduler"), ("server0", "server"),
         ("evaluator", "evaluator"), ("worker-cpu0", "worker"), ("worker-cpu1", "worker")]
+
+
+def test_allreduce_plan_has_horovods_rendezvous_in_place_of_the_parameter_server():
+    specs = plan_roles(config(collective="allreduce"), Hosts(PS, (FAST, SLOW)))
+    assert [(s.name, s.kind) for s in specs] == [
+        ("state-server", "state"), ("rendezvous", "rendezvous"), ("evaluator", "evaluator"),
+        ("worker-cpu0", "worker"), ("worker-cpu1", "worker")]
+    named = by_name(specs)
+    assert named["rendezvous"].argv[-6:] == ["--host", "10.9.0.1", "--port", "9100",
+                                             "--workers", "cloud1,cloud3"]
+    for rank, name in enumerate(("worker-cpu0", "worker-cpu1")):
+        env = named[name].env
+        assert not any(k.startswith("DMLC_") for k in env)
+        assert env["HOROVOD_RANK"] == str(rank) and env["HOROVOD_SIZE"] == "2"
+        assert env["HOROVOD_GLOO_RENDEZVOUS_ADDR"] == "10.9.0.1"
+        assert env["HOROVOD_GLOO_RENDEZVOUS_PORT"] == "9100"
+        assert env["HOROVOD_CONTROLLER"] == env["HOROVOD_CPU_OPERATIONS"] == "gloo"
+    assert named["worker-cpu0"].env["HOROVOD_GLOO_IFACE"] == "veth-c1"
+    assert "HOROVOD_GLOO_IFACE" not in named["worker-cpu1"].env   # chosen by its route
+
+
+def test_allreduce_ranks_follow_the_plan_whatever_the_hosts_order():
+    """Worker i is rank i (its shard, its device), however its host's workers interleave."""
+    slots = slot_plan(["b", "a", "b", "c"])
+    assert [s["rank"] for s in slots] == [0, 1, 2, 3]
+    assert [(s["hostname"], s["local_rank"], s["local_size"]) for s in slots] == [
+        ("b", 0, 2), ("a", 0, 1), ("b", 1, 2), ("c", 0, 1)]
+    assert [(s["cross_rank"], s["cross_size"]) for s in slots] == [(0, 3), (1, 3), (0, 1),
+                                                                    (2, 3)]
+
+
+def test_fixed_local_iterations_reach_each_worker():
+    specs = by_name(plan_roles(config(local_iters=(2, 8), state_port=None),
+                               Hosts(PS, (FAST, SLOW))))
+    assert specs["worker-cpu0"].argv[-2:] == ["--local-iters", "2"]
+    assert specs["worker-cpu1"].argv[-2:] == ["--local-iters", "8"]
+    assert "--local-iters" not in specs["evaluator"].argv
 
 
 def test_ps_lite_addresses_come_from_the_placement():

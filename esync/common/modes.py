@@ -25,6 +25,9 @@ class Mode:
     summary: str = ""   # the original's summary file stem (ESync -> ESync.json)
     cluster: bool = True  # False: one process, no parameter server
     benchmark: bool = True  # in the benchmark's default --modes (False: a variant, on request)
+    # --collective values it runs over: "ps" (MXNet's parameter server), "allreduce" (Horovod's
+    # ring: only modes whose updates need no server)
+    collectives: tuple[str, ...] = ("ps",)
 
     def algorithm_class(self):
         module, _, cls = self.algorithm.partition(":")
@@ -40,8 +43,10 @@ class Split:
 
 
 MODES: tuple[Mode, ...] = (
-    Mode("esync", "ESync", "m", "esync.worker.algorithms.esync:ESync", "esync", summary="ESync"),
-    Mode("sync", "SSGD", "orange", "esync.worker.algorithms.sync:SyncSGD", "sync", summary="Sync"),
+    Mode("esync", "ESync", "m", "esync.worker.algorithms.esync:ESync", "esync", summary="ESync",
+         collectives=("ps", "allreduce")),
+    Mode("sync", "SSGD", "orange", "esync.worker.algorithms.sync:SyncSGD", "sync", summary="Sync",
+         collectives=("ps", "allreduce")),
     Mode("async", "ASGD", "b", "esync.worker.algorithms.async_:AsyncSGD", "async", summary="Async"),
     Mode("dcasgd", "DC-ASGD", "g", "esync.worker.algorithms.async_:DCASGD", "async", dcasgd=1,
          summary="DCASGD"),
@@ -49,7 +54,7 @@ MODES: tuple[Mode, ...] = (
          "esync.worker.algorithms.async_:MXNetDCASGD", "async", dcasgd=2,
          summary="DCASGD-MXNet", benchmark=False),
     Mode("local", "Standalone SGD", "k", "esync.worker.algorithms.standalone:Standalone", "local",
-         summary="Local", cluster=False),
+         summary="Local", cluster=False, collectives=()),
 )
 SPLITS: tuple[Split, ...] = (
     Split(0, "", "", ""),

@@ -83,3 +83,17 @@ def choose_dmlc_interface(env=os.environ) -> tuple[str, str] | None:
         return None
     env["DMLC_INTERFACE"], env["DMLC_NODE_HOST"] = name, address
     return name, address
+
+
+def choose_gloo_interface(env=os.environ) -> str | None:
+    """Set HOROVOD_GLOO_IFACE to the interface that routes to the rendezvous, if unset (Gloo
+    otherwise binds to what the host name resolves to, which on many machines is not the
+    network the other workers are on)."""
+    if env.get("HOROVOD_GLOO_IFACE") or not env.get("HOROVOD_GLOO_RENDEZVOUS_ADDR"):
+        return None
+    try:
+        name, _ = route_interface(env["HOROVOD_GLOO_RENDEZVOUS_ADDR"])
+    except OSError:
+        return None
+    env["HOROVOD_GLOO_IFACE"] = name
+    return name

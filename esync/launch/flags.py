@@ -47,7 +47,20 @@ LAUNCHER_ONLY = {"emulation", "cpu_share", "speed_schedule",
                  "restarts", "net", "hosts", "bandwidth", "server_bandwidth"}
 # Set per role by the plan (the state server's address, each worker's host) or passed in the
 # environment (the token: never on a command line, where `ps` shows it).
-PLANNED = {"state_server_ip", "state_server_port", "host_name", "state_token"}
+PLANNED = {"state_server_ip", "state_server_port", "host_name", "state_token", "local_iters"}
+
+
+def local_iters_list(text: str) -> tuple[int, ...]:
+    """--local-iters of esync-cluster: one k for every worker, or one per worker."""
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of local iterations >= 0, or one per worker "
+            "(comma-separated)")
+    return values
 
 
 def device_list(text: str, workers: int) -> list[str]:
@@ -73,6 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
         f"share of a round (default by data split: {COMM_SHARE_IID:g} on i.i.d. data, "
         f"{COMM_SHARE_BY_CLASS:g} (rounds of one slowest iteration) with -s 1 or -s 2, where "
         "longer rounds are more drift)")
+    local_iters = parser._option_string_actions["--local-iters"]
+    local_iters.type, local_iters.default = local_iters_list, ()
+    local_iters.help = ("fixed local iterations per round, bypassing the state server: one "
+                        "number for every worker or one per worker, e.g. 2,8 (default: ask it)")
     g = parser.add_argument_group("cluster")
     g.add_argument("--workers", type=positive_int, default=4, help="number of workers")
     g.add_argument("--slowdown", dest="slowdown_list", default=None,
@@ -166,6 +183,7 @@ def parse(parser, argv) -> argparse.Namespace:
     if args.slowdown_list is None:
         args.slowdown_list = DEFAULT_SLOWDOWN if args.workers == 4 else "1"
     args.slowdowns = slowdown_factors(args.slowdown_list, args.workers)
+    args.local_iters = _per_worker_local_iters(args.local_iters, args.workers)
     if args.use_dcasgd and args.mode != "async":
         raise UsageError("argument -dcasgd/--use-dcasgd: needs -m async")
     if args.mode == "local":
@@ -173,6 +191,15 @@ def parse(parser, argv) -> argparse.Namespace:
     if args.resume and args.overwrite:
         raise UsageError("--resume and --overwrite exclude each other")
     cli.check_esync_options(args)
+    cli.check_collective(args)
+    if args.collective == "allreduce":
+        if args.backend == "kubernetes":
+            raise UsageError("--collective allreduce runs on the local, ssh and slurm backends; "
+                             "the Kubernetes manifests start a parameter server: use "
+                             "--collective ps there")
+        if args.servers != 1:
+            raise UsageError("argument --servers: the allreduce has no parameter server; "
+                             "leave --servers out with --collective allreduce")
     layout_from_args(args, args.workers)
     if args.backend != "local" and args.emulation == "cpu-cap":
         raise UsageError(f"--emulation cpu-cap caps processes on this machine: it needs "
@@ -188,6 +215,21 @@ def parse(parser, argv) -> argparse.Namespace:
     if args.backend != "kubernetes":          # the pods check their own data and logs
         check_before_start(args)
     return args
+
+
+def _per_worker_local_iters(values: tuple[int, ...], workers: int) -> tuple[int, ...]:
+    """One k per worker, or () when the state server decides."""
+    if len(values) == 1:
+        values = values * workers
+    if values and len(values) != workers:
+        raise UsageError(f"argument --local-iters: {len(values)} values for {workers} workers; "
+                         "give one for all or one per worker")
+    if not any(values):
+        return ()
+    if not all(values):
+        raise UsageError("argument --local-iters: fix every worker's k (all above 0) or none "
+                         "(0: the state server decides)")
+    return values
 
 
 def check_before_start(args) -> None:

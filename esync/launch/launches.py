@@ -68,6 +68,7 @@ class Launch:
             state_port=state_port if self.uses_state_server else None,
             state_token=self.token, emulation=self.emulation,
             cpu_cores=tuple(self.cpu_cores()), speed_schedule=a.speed_schedule,
+            collective=a.collective, local_iters=tuple(a.local_iters),
             state_db=paths.pop("state_db", str(runlayout.state_db(self.mode_dir))), **paths)
 
     def plan(self):

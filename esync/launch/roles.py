@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 MAIN = REPO / "main.py"
 
-KINDS = ("state", "scheduler", "server", "evaluator", "worker")
+KINDS = ("state", "scheduler", "server", "rendezvous", "evaluator", "worker")
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class RoleSpec:
     index in the plan (ps-lite numbers workers by itself; the log shows its rank).
     """
     name: str
-    kind: str            # scheduler | server | state | evaluator | worker
+    kind: str            # scheduler | server | rendezvous | state | evaluator | worker
     argv: list[str]
     env: dict[str, str]
     host: str
@@ -85,7 +85,7 @@ class ClusterConfig:
     mode: str
     devices: tuple[str, ...]               # one per worker: "cpu" or "gpuN"
     slowdowns: tuple[float, ...]           # one per worker, >= 1
-    port: int                              # the ps-lite scheduler's port
+    port: int                              # the ps-lite scheduler's (or the rendezvous') port
     train_argv: tuple[str, ...] = ()
     servers: int = 1
     threads: int = 1
@@ -96,6 +96,8 @@ class ClusterConfig:
     emulation: str = "sleep"               # how slow-downs are emulated: sleep | cpu-cap
     cpu_cores: tuple[float | None, ...] = ()
     speed_schedule: str | None = None      # --speed-schedule, passed to every worker
+    collective: str = "ps"                 # ps: scheduler + servers; allreduce: a rendezvous
+    local_iters: tuple[int, ...] = ()      # ESync's fixed k of each worker (--local-iters)
     python: str = field(default=sys.executable)
     main_py: str = field(default=str(MAIN))
 
@@ -118,8 +120,8 @@ def device_names(devices) -> list[str]:
 
 
 def plan_roles(config: ClusterConfig, hosts: Hosts) -> list[RoleSpec]:
-    """Every process of the job in start order: state server, scheduler, servers, evaluator,
-    workers."""
+    """Every process of the job in start order: state server, scheduler and servers (or, over
+    the allreduce, Horovod's rendezvous), evaluator, workers."""
     if len(hosts.workers) != config.workers:
         raise ValueError(f"placement has {len(hosts.workers)} worker hosts for "
                          f"{config.workers} workers")
@@ -135,11 +137,20 @@ def plan_roles(config: ClusterConfig, hosts: Hosts) -> list[RoleSpec]:
              "--port", str(config.state_port)],
             {"PYTHONUNBUFFERED": "1", "ESYNC_STATE_TOKEN": config.state_token,
              "ESYNC_STATE_DB": config.state_db}, ps.name))
-    specs.append(RoleSpec("scheduler", "scheduler", list(main),
-                          _dmlc_env(config, ps, ps, "scheduler"), ps.name))
-    for i in range(config.servers):
-        specs.append(RoleSpec(f"server{i}", "server", list(main),
-                              _dmlc_env(config, ps, ps, "server"), ps.name))
+    allreduce = config.collective == "allreduce"
+    slots = slot_plan([h.name for h in hosts.workers]) if allreduce else []
+    if allreduce:
+        specs.append(RoleSpec(
+            "rendezvous", "rendezvous",
+            [config.python, "-m", "esync.launch.rendezvous", "--host", ps.address,
+             "--port", str(config.port), "--workers", ",".join(h.name for h in hosts.workers)],
+            {"PYTHONUNBUFFERED": "1"}, ps.name))
+    else:
+        specs.append(RoleSpec("scheduler", "scheduler", list(main),
+                              _dmlc_env(config, ps, ps, "scheduler"), ps.name))
+        for i in range(config.servers):
+            specs.append(RoleSpec(f"server{i}", "server", list(main),
+                                  _dmlc_env(config, ps, ps, "server"), ps.name))
     train = list(config.train_argv)
     state = []
     if config.state_port is not None:
@@ -153,7 +164,8 @@ def plan_roles(config: ClusterConfig, hosts: Hosts) -> list[RoleSpec]:
     names = device_names(config.devices)
     for i, (device, name, factor, host) in enumerate(zip(config.devices, names,
                                                            config.slowdowns, hosts.workers)):
-        env = _dmlc_env(config, ps, host, "worker")
+        env = (_horovod_env(config, ps, host, slots[i]) if allreduce
+               else _dmlc_env(config, ps, host, "worker"))
         if config.state_port is not None:
             env["ESYNC_STATE_TOKEN"] = config.state_token
         on = ["-c", "1"] if device == "cpu" else ["-c", "0", "-g", device[3:]]
@@ -165,9 +177,53 @@ def plan_roles(config: ClusterConfig, hosts: Hosts) -> list[RoleSpec]:
         argv = main + train + on + ["--device-name", name, "--slowdown", f"{factor:g}",
                                     "--shard", str(i), "--host-name", host.name] \
             + emulation + schedule + state
+        if config.local_iters:
+            argv += ["--local-iters", str(config.local_iters[i])]
         specs.append(RoleSpec(f"worker-{name}", "worker", argv, env, host.name, device=name,
                               rank=i, cpu_cores=cores))
     return specs
+
+
+def slot_plan(worker_hosts: list[str]) -> list[dict]:
+    """Horovod's slot of each worker, worker i being rank i: its local rank counts the earlier
+    workers on its host; its cross rank numbers the hosts holding that local rank, in order of
+    their first worker."""
+    hosts = list(dict.fromkeys(worker_hosts))
+    per_host = {h: worker_hosts.count(h) for h in hosts}
+    slots, seen = [], {}
+    for rank, host in enumerate(worker_hosts):
+        local = seen.get(host, 0)
+        seen[host] = local + 1
+        crossing = [h for h in hosts if per_host[h] > local]
+        slots.append(dict(hostname=host, rank=rank, local_rank=local, cross_rank=crossing.index(host),
+                          size=len(worker_hosts), local_size=per_host[host],
+                          cross_size=len(crossing)))
+    return slots
+
+
+def slot_env(slot: dict, rendezvous_address: str, rendezvous_port: int,
+             interface: str = "") -> dict[str, str]:
+    """What ``horovodrun --gloo`` gives a worker: its slot, the rendezvous, Gloo as controller
+    and for CPU operations, and the interface to bind (else the worker picks the one routing
+    to the rendezvous: ``esync.common.netif.choose_gloo_interface``)."""
+    env = {"HOROVOD_HOSTNAME": slot["hostname"], "HOROVOD_RANK": str(slot["rank"]),
+           "HOROVOD_SIZE": str(slot["size"]), "HOROVOD_LOCAL_RANK": str(slot["local_rank"]),
+           "HOROVOD_LOCAL_SIZE": str(slot["local_size"]),
+           "HOROVOD_CROSS_RANK": str(slot["cross_rank"]),
+           "HOROVOD_CROSS_SIZE": str(slot["cross_size"]),
+           "HOROVOD_GLOO_RENDEZVOUS_ADDR": rendezvous_address,
+           "HOROVOD_GLOO_RENDEZVOUS_PORT": str(rendezvous_port),
+           "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo"}
+    if interface:
+        env["HOROVOD_GLOO_IFACE"] = interface
+    return env
+
+
+def _horovod_env(config: ClusterConfig, ps: Host, host: Host, slot: dict) -> dict[str, str]:
+    interface = host.interface or ("lo" if host.address.startswith("127.") else "")
+    return {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(config.threads),
+            "MXNET_CPU_WORKER_NTHREADS": "1",
+            **slot_env(slot, ps.address, config.port, interface)}
 
 
 def _dmlc_env(config: ClusterConfig, ps: Host, host: Host, role: str) -> dict[str, str]:

@@ -36,7 +36,7 @@ SERVICE_GRACE = 15.0        # scheduler/servers may end this long before the las
 FINISH_TIMEOUT = 120.0      # the evaluator may take this long to score the last checkpoints
 MIN_STALL = 60.0            # the default stall timeout is max(MIN_STALL, STALL_ROUNDS x median)
 STALL_ROUNDS = 20
-SERVICES = ("scheduler", "server", "state")
+SERVICES = ("scheduler", "server", "rendezvous", "state")
 
 
 @dataclass
@@ -284,17 +284,23 @@ class Supervisor:
         """
         running = self._workers_running()
         now = time.monotonic()
-        # Workers first: a server that aborts is usually the consequence of a worker's death.
-        for handle in sorted(self.handles, key=lambda h: h.kind not in ("worker", "evaluator")):
+        failed = []
+        for order, handle in enumerate(self.handles):
             code = handle.poll()
             if code is None:
                 continue
             ended = self._ended.setdefault(id(handle), now)
-            if code != 0:
-                return handle
-            if handle.kind in SERVICES and running and now - ended > SERVICE_GRACE:
-                return handle
-        return None
+            if code != 0 or (handle.kind in SERVICES and running
+                             and now - ended > SERVICE_GRACE):
+                failed.append((code, ended, order, handle))
+        if not failed:
+            return None
+        # The cause, not its consequences: a process killed by a signal before those that
+        # exited with an error (over the allreduce, the peers of a dead worker fail at their
+        # next exchange), the first to end, workers before services (a server that aborts is
+        # usually the consequence of a worker's death).
+        return min(failed, key=lambda f: (f[0] is None or f[0] >= 0, f[1],
+                                          f[3].kind not in ("worker", "evaluator"), f[2]))[3]
 
     def _restart_state_server(self) -> None:
         """Restart a state server that died mid-job, in place (same port, token and database).

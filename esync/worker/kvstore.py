@@ -1,4 +1,5 @@
-"""The communication layer: every byte between workers goes through MXNet's KVStore (ps-lite).
+"""The communication layer: every byte between workers goes through MXNet's KVStore (ps-lite),
+or, with ``--collective allreduce``, through Horovod's ring allreduce (``esync.worker.allreduce``).
 
 Keys are small integers in the network's own parameter order (identical in every process that
 builds the same network). Pushes and pulls for all keys are issued together and waited on once,
@@ -20,7 +21,54 @@ def _nbytes(array: nd.NDArray) -> int:
     return int(array.size) * np.dtype(array.dtype).itemsize
 
 
-class KVChannel:
+class Channel:
+    """What every collective offers the algorithms: a rank, a size, ``init`` + ``pull`` (rank
+    0's values reach everyone), ``start_push_pull`` (the sum over the workers arrives in
+    ``outs``) and byte counters. ``KVChannel`` runs it on the parameter server;
+    ``esync.worker.allreduce.AllreduceChannel`` on Horovod's ring allreduce."""
+
+    joined_job = False      # set once this process is part of a job (see leave_job_at_once)
+    name = ""               # the collective: "ps" or "allreduce"
+
+    def __init__(self):
+        self.bytes_pushed = 0
+        self.bytes_pulled = 0
+
+    @property
+    def rank(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def num_workers(self) -> int:
+        raise NotImplementedError
+
+    def init(self, keys: Sequence[int], values: Sequence[nd.NDArray]) -> None:
+        raise NotImplementedError
+
+    def pull(self, keys: Sequence[int], outs: Sequence[nd.NDArray]) -> None:
+        raise NotImplementedError
+
+    def start_push_pull(self, keys: Sequence[int], values: Sequence[nd.NDArray],
+                        outs: Sequence[nd.NDArray]) -> None:
+        raise NotImplementedError
+
+    def push_pull(self, keys: Sequence[int], values: Sequence[nd.NDArray],
+                  outs: Sequence[nd.NDArray]) -> None:
+        """Push `values`, pull the sums over the workers into `outs`; one wait for everything.
+
+        `values` are scratch afterwards (the parameter server keeps them as the keys' receive
+        buffers, see ``KVChannel.init``; the allreduce sums in place)."""
+        self.start_push_pull(keys, values, outs)
+        nd.waitall()
+
+    def finish(self) -> None:
+        """The run ended well (see KVChannel.finish)."""
+
+    def counters(self) -> tuple[int, int]:
+        return self.bytes_pushed, self.bytes_pulled
+
+
+class KVChannel(Channel):
     """A KVStore plus counters of the bytes this worker pushed and pulled.
 
     A worker leaves a ps-lite job in one of two ways. After a successful run, ``finish()`` arms
@@ -30,14 +78,13 @@ class KVChannel:
     never waits at the barrier for peers who are themselves blocked waiting for its next push.
     """
 
-    joined_job = False      # set once this process is a ps-lite worker (see leave_job_at_once)
+    name = "ps"
 
     def __init__(self, kvstore: mx.kv.KVStore):
+        super().__init__()
         self.kv = kvstore
-        self.bytes_pushed = 0
-        self.bytes_pulled = 0
         if kvstore.type.startswith("dist"):
-            KVChannel.joined_job = True
+            Channel.joined_job = True
             _set_barrier_before_exit(kvstore, False)
 
     def finish(self) -> None:
@@ -68,15 +115,6 @@ class KVChannel:
         nd.waitall()
         self.bytes_pulled += sum(_nbytes(a) for a in outs)
 
-    def push_pull(self, keys: Sequence[int], values: Sequence[nd.NDArray],
-                  outs: Sequence[nd.NDArray]) -> None:
-        """Push `values`, pull the aggregated results into `outs`; one wait for everything.
-
-        `values` are scratch afterwards: the store keeps them as the keys' receive buffers (see
-        ``init``), so this pull and later ones write into them too."""
-        self.start_push_pull(keys, values, outs)
-        nd.waitall()
-
     def start_push_pull(self, keys: Sequence[int], values: Sequence[nd.NDArray],
                         outs: Sequence[nd.NDArray]) -> None:
         """``push_pull`` without the wait: MXNet's engine moves the arrays in the background
@@ -86,9 +124,6 @@ class KVChannel:
         self.kv.pull(keys, out=list(outs))
         self.bytes_pushed += sum(_nbytes(a) for a in values)
         self.bytes_pulled += sum(_nbytes(a) for a in outs)
-
-    def counters(self) -> tuple[int, int]:
-        return self.bytes_pushed, self.bytes_pulled
 
 
 class KeyMap:

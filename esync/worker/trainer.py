@@ -21,7 +21,7 @@ from esync.common.errors import UsageError, guarded
 from esync.common.runlayout import EvaluationLog
 from esync.common.speeds import join_cpu_cap
 from esync.worker.evaluator import accuracy
-from esync.worker.kvstore import KeyMap, KVChannel, control_length, leave_job_at_once
+from esync.worker.kvstore import Channel, KeyMap, KVChannel, control_length, leave_job_at_once
 from esync.common.files import atomic_write_text
 from esync.worker.measure import RoundLogWriter, RoundRecord
 from esync.worker.score_report import ScoreReport
@@ -42,8 +42,8 @@ def run(args) -> int:
     except BaseException:       # noqa: B902 - a programming error: its traceback goes to the log
         traceback.print_exc()
         code = 1
-    if code != 0 and KVChannel.joined_job:
-        leave_job_at_once(code)   # never sit in ps-lite's exit barrier waiting for the peers
+    if code != 0 and Channel.joined_job:
+        leave_job_at_once(code)   # never sit in an exit barrier waiting for the peers
     return code
 
 
@@ -85,7 +85,11 @@ AUTO_EVAL_TRAIN_PER_EVAL = 9
 def _connect(algo_cls, args):
     if algo_cls.kvstore_type is None:
         return None, 0, 1
-    channel = KVChannel(mx.kv.create(algo_cls.kvstore_type))
+    if getattr(args, "collective", "ps") == "allreduce":
+        from esync.worker.allreduce import AllreduceChannel
+        channel = AllreduceChannel(resolve_context(args))
+    else:
+        channel = KVChannel(mx.kv.create(algo_cls.kvstore_type))
     return channel, channel.rank, channel.num_workers
 
 

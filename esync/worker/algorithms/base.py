@@ -30,7 +30,7 @@ import mxnet as mx
 import numpy as np
 from mxnet import gluon, nd
 
-from esync.worker.kvstore import ControlSum, KeyMap, KVChannel, control_vector, read_control
+from esync.worker.kvstore import Channel, ControlSum, KeyMap, control_vector, read_control
 from esync.worker.measure import RoundRecord
 
 
@@ -84,7 +84,7 @@ class Worker:
     net: gluon.HybridBlock
     trainable: list                  # gluon Parameters with gradients
     aux: list                        # auxiliary states (batch-norm running mean/var)
-    channel: Optional[KVChannel] = None
+    channel: Optional[Channel] = None    # KVChannel (ps) or AllreduceChannel
     keys: Optional[KeyMap] = None
     rank: int = 0
     num_workers: int = 1

@@ -1,0 +1,105 @@
+"""--collective allreduce: Horovod's ring on real processes (Gloo on loopback) gives the parameter
+server's global model, and its jobs end (or heal) like ps-lite ones when a worker dies."""
+import importlib.util
+import os
+import signal
+
+import numpy as np
+import pytest
+
+from support import device_logs, processes_of, run_cluster, write_fashion_dir
+from esync.worker.checkpoint import CheckpointStore
+from test_launch import quiet, wait_for_rounds, worker_pid
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("horovod") is None,
+    reason="Horovod is not installed: `bash scripts/setup.sh` builds it (it needs cmake and g++)")
+
+ROUNDS, KS = 3, "1,3"
+
+
+@pytest.fixture(scope="module")
+def small_data(tmp_path_factory):
+    return write_fashion_dir(tmp_path_factory.mktemp("data"), train_per_class=40,
+                             test_per_class=20)
+
+
+def _final_model(folder, mode="esync"):
+    store = CheckpointStore(folder / "lenet" / mode / "checkpoints")
+    _, arrays = store.load(store.path_for(ROUNDS), network="lenet")
+    return arrays
+
+
+@pytest.mark.parametrize("rule", [
+    ["--aggregation", "mean", "--outer-momentum", 0, "--no-nesterov"],
+    ["--aggregation", "weighted", "--outer-momentum", 0.9, "--nesterov", "-gl", 0.7],
+    ["--aggregation", "fednova", "--outer-momentum", 0, "--no-nesterov", "--scaffold"],
+], ids=["mean", "weighted-nesterov", "fednova-scaffold"])
+def test_esync_round_over_allreduce_gives_the_parameter_servers_global_model(
+        tmp_path, small_data, rule):
+    """Same seeds, same unequal k_i (1 and 3 local steps): the models after every exchange
+    agree to float rounding, so every rule and the outer optimizer run the same on both."""
+    models = {}
+    for collective in ("ps", "allreduce"):
+        folder = tmp_path / collective
+        run_cluster(folder, small_data, "-m", "esync", "--collective", collective,
+                    "--workers", 2, "--slowdown", "1", "--local-iters", KS, *rule, "-b", 8,
+                    "--max-rounds", ROUNDS, "--max-seconds", 0, "-e", 1, "--no-evaluator")
+        logs = device_logs(folder / "lenet" / "esync")
+        assert [logs[d][-1]["k"] for d in ("cpu0", "cpu1")] == [1, 3]
+        models[collective] = _final_model(folder)
+    assert models["ps"].keys() == models["allreduce"].keys()
+    for name, want in models["ps"].items():
+        np.testing.assert_allclose(models["allreduce"][name], want, rtol=1e-5, atol=1e-7,
+                                   err_msg=name)
+    # ... and the test can tell: the untrained model is far from either.
+    untrained = CheckpointStore(tmp_path / "ps" / "lenet" / "esync" / "checkpoints")
+    _, first = untrained.load(untrained.path_for(1), network="lenet")
+    assert max(float(np.max(np.abs(first[n] - models["ps"][n]))) for n in first) > 1e-4
+
+
+def test_allreduce_traffic_is_the_rings(tmp_path, small_data):
+    """Each worker's link carries 2(N-1)/N x the pushed arrays each way per exchange: with three
+    workers 4/3 of what a parameter-server worker pushes."""
+    run_cluster(tmp_path, small_data, "-m", "sync", "--collective", "allreduce", "--workers", 3,
+                "--slowdown", "1", "-b", 8, "--max-rounds", ROUNDS, "--max-seconds", 0, "-e", 1,
+                "--no-evaluator")
+    logs = device_logs(tmp_path / "lenet" / "sync")
+    model_bytes = sum(a.size * 4 for a in _final_model(tmp_path, "sync").values())
+    control_bytes = 4 * (2 + 5 * 3)
+    for rounds in logs.values():
+        for entry in rounds:
+            want = (model_bytes + control_bytes) * 4 / 3
+            assert abs(entry["bytes_pushed"] - want) <= 2, entry
+            assert entry["bytes_pulled"] == entry["bytes_pushed"]
+
+
+def test_killed_allreduce_worker_is_named_and_the_job_ends(tmp_path, fashion_data_dir, launcher):
+    """The survivor's next allreduce fails at once (Horovod shuts down); the report names the
+    worker that was killed, not the one that failed after it."""
+    proc = launcher(*quiet(tmp_path, fashion_data_dir, "-m", "esync", "--collective",
+                           "allreduce", "--workers", 2, "--slowdown", "1,2", "-b", 8,
+                           "--max-seconds", 300))
+    wait_for_rounds(proc, tmp_path / "lenet" / "esync", "cpu1", 2)
+    os.kill(worker_pid(tmp_path, "cpu1"), signal.SIGKILL)
+    _, err = proc.communicate(timeout=15)
+    assert proc.returncode == 1
+    assert "worker-cpu1 died (killed by signal SIGKILL)" in err
+    assert processes_of(tmp_path) == []
+
+
+def test_killed_allreduce_worker_with_restarts_heals(tmp_path, fashion_data_dir, launcher):
+    proc = launcher(*quiet(tmp_path, fashion_data_dir, "-m", "esync", "--collective",
+                           "allreduce", "--workers", 2, "--slowdown", "1,2", "-b", 8, "-e", 2,
+                           "--max-rounds", 12, "--max-seconds", 0, "--no-evaluator",
+                           "--restarts", 1))
+    mode_dir = tmp_path / "lenet" / "esync"
+    wait_for_rounds(proc, mode_dir, "cpu1", 5)
+    os.kill(worker_pid(tmp_path, "cpu0"), signal.SIGKILL)
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err
+    assert "restart 1/1" in err and "resuming from round-0000000" in err
+    assert {device: [r["num_iters"] for r in rounds]
+            for device, rounds in device_logs(mode_dir).items()} == {
+        "cpu0": list(range(1, 13)), "cpu1": list(range(1, 13))}
+    assert processes_of(tmp_path) == []
