@@ -246,8 +246,8 @@ def check_collective(args) -> None:
     esync-cluster)."""
     from esync.common import modes
     mode = modes.for_cli(args.mode, args.use_dcasgd)
-    if args.collective not in mode.collectives:
-        runs = [m.cli_mode for m in modes.MODES if args.collective in m.collectives]
+    if args.collective != "ps" and args.collective not in mode.collectives:
+        runs = dict.fromkeys(m.cli_mode for m in modes.MODES if args.collective in m.collectives)
         raise UsageError(f"argument --collective: -m {args.mode}"
                          + (f" -dcasgd {args.use_dcasgd}" if args.use_dcasgd else "")
                          + f" cannot run over {args.collective}: "

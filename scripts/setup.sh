@@ -17,7 +17,41 @@ if [ -z "$PY" ]; then
 fi
 stamp=.venv/.esync-installed
 want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+
+# Horovod (--collective allreduce) is built from source against the MXNet in .venv, with Gloo
+# and without MPI, TensorFlow or PyTorch: about 2-3 minutes on 2 cores, once. Without cmake and
+# a C++ compiler everything else still works; --collective allreduce then says what is missing.
+HOROVOD=horovod==0.28.1
+horovod_stamp=.venv/.esync-horovod
+build_horovod() {
+  if [ "$(cat "$horovod_stamp" 2>/dev/null)" = "$HOROVOD" ]; then
+    return 0
+  fi
+  local missing=()
+  command -v cmake >/dev/null || missing+=(cmake)
+  { command -v g++ >/dev/null || command -v c++ >/dev/null; } || missing+=(g++)
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "setup: not building Horovod (needed only for --collective allreduce): ${missing[*]}" \
+         "missing; install them (Debian: apt-get install ${missing[*]}) and run this again" >&2
+    return 0
+  fi
+  echo "setup: building $HOROVOD with MXNet and Gloo for --collective allreduce (a few minutes)"
+  local log=.venv/horovod.log
+  if ! { .venv/bin/python -m pip install wheel "setuptools<70" \
+         && HOROVOD_WITH_MXNET=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
+            HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 \
+            .venv/bin/python -m pip install --no-build-isolation --no-cache-dir "$HOROVOD" \
+         && .venv/bin/python -c "import horovod.mxnet as h; assert h.gloo_built()"; } >"$log" 2>&1; then
+    tail -n 20 "$log" >&2
+    echo "setup: building Horovod failed (full log: $log); everything but --collective" \
+         "allreduce works" >&2
+    return 0
+  fi
+  echo "$HOROVOD" > "$horovod_stamp"
+}
+
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  build_horovod
   exit 0
 fi
 echo "setup: creating .venv with $("$PY" --version) and the pinned dependencies (first run takes a few minutes)"
@@ -35,4 +69,5 @@ if ! { .venv/bin/python -m pip install --upgrade pip && .venv/bin/python -m pip 
   exit 1
 fi
 echo "$want" > "$stamp"
+build_horovod
 echo "setup: done"

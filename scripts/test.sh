@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # Some tests run against real system programs: an sshd (ssh backend), a single-node Slurm with
 # munge (Slurm backend), iproute2 (emulated hosts in network namespaces) and Debian's chromium
-# (the dashboard in a headless browser). As root, install what is missing; otherwise those tests
+# (the dashboard in a headless browser), cmake and g++ (Horovod's build). As root, install what is missing; otherwise those tests
 # skip and say why.
 need=()
 command -v /usr/sbin/sshd >/dev/null || need+=(openssh-server)
@@ -14,6 +14,9 @@ command -v ssh >/dev/null || need+=(openssh-client)
 command -v munged >/dev/null || need+=(munge)
 { command -v ip && command -v tc; } >/dev/null || need+=(iproute2)
 command -v chromium >/dev/null || need+=(chromium)
+# cmake and g++ build Horovod (scripts/setup.sh) for the --collective allreduce tests.
+command -v cmake >/dev/null || need+=(cmake)
+command -v g++ >/dev/null || need+=(g++)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "test: installing ${need[*]} (the backend, network-namespace and dashboard tests use them)"

@@ -28,8 +28,9 @@ SCRIPT = REPO / "scripts" / "benchmark.py"
 ROWS = ("esync-mean", "sync", "local")
 SLOWDOWNS = (1.0, 2.0)
 FLAGS = {"--aggregation", "--outer-momentum", "--nesterov", "--net", "--bandwidth",
-         "--server-bandwidth", "--hosts", "--emulation", "--cpu-share", "--speed-schedule"}
-OLD_FLAGS = FLAGS - {"--emulation", "--cpu-share", "--speed-schedule"}
+         "--server-bandwidth", "--hosts", "--emulation", "--cpu-share", "--speed-schedule",
+         "--collective"}
+OLD_FLAGS = FLAGS - {"--emulation", "--cpu-share", "--speed-schedule", "--collective"}
 
 
 def run_script(*args, timeout=900):
@@ -320,6 +321,22 @@ def test_rows_per_aggregation_rule_and_split(data_dir, tmp_path, full_launcher):
         ("esync-mean-niid", "ESync (mean) (non-i.i.d.)"),
         ("esync-weighted-nesterov0.9-niid", "ESync (weighted + Nesterov 0.9) (non-i.i.d.)"),
         ("sync-niid", "SSGD (non-i.i.d.)")]
+
+
+def test_collectives_give_esync_and_ssgd_rows_an_allreduce_twin_with_their_rate(
+        data_dir, tmp_path, full_launcher):
+    args = args_for(data_dir, tmp_path, "--modes", "esync,sync,async",
+                    "--aggregations", "mean", "--collectives", "ps,allreduce", "--no-niid",
+                    "--scenarios", "static")
+    rows = plan.rows(args)
+    assert [(r.name, r.group) for r in rows] == [
+        ("esync-mean", "esync-mean"), ("esync-mean-allreduce", "esync-mean"),
+        ("sync", "sync"), ("sync-allreduce", "sync"), ("async", "async")]
+    twin = rows[3]
+    assert twin.label == "SSGD over Horovod allreduce"
+    assert twin.extra[-2:] == ("--collective", "allreduce")
+    assert "--collective" not in rows[2].extra and "--collective" not in rows[4].extra
+    assert len(plan.tuning_jobs(args, tmp_path, rows)) == 3 * len(args.lr_grid)
 
 
 def test_esync_rows_pass_their_rule_and_tune_the_local_rate(data_dir, tmp_path, full_launcher):

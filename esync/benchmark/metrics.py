@@ -110,13 +110,21 @@ def run_metrics(summary: dict, limit: dict, *, standalone: bool, target: float |
             "rounds": len(entry.get("num_samples_list") or [])}
     series = accuracy_series(summary)
     cut, whole = accuracy_until(summary, horizon), accuracy_until(summary, None)
+    exchanges = sum(d["rounds"] for d in devices.values())
+    pushed, pulled = t.get("bytes_pushed"), t.get("bytes_pulled")
     found = {
         "throughput": throughput,
         "limit": bound,
         "throughput_fraction": (throughput / bound if throughput is not None and bound
                                 else None),
         "traffic_bytes_per_s": t.get("traffic_bytes_per_s"),
-        "bytes_pushed": t.get("bytes_pushed"), "bytes_pulled": t.get("bytes_pulled"),
+        "bytes_pushed": pushed, "bytes_pulled": pulled,
+        # what one worker's link carries out per exchange, and what a server sending every
+        # worker its pull would carry per round (rounds are equal over the devices of ESync
+        # and SSGD): the parameter server's busiest link
+        "exchange_bytes": pushed / exchanges if pushed and exchanges else None,
+        "server_bytes_per_round": (pulled * len(devices) / exchanges
+                                   if pulled and exchanges else None),
         "state_requests_per_round": t.get("state_requests_per_round"),
         "mean_computing_time_ratio": t.get("mean_computing_time_ratio"),
         "wall_time": t.get("wall_time"), "samples": t.get("samples"),

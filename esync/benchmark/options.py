@@ -275,6 +275,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ESync rows, one per item: RULE[+nesterov=M|+momentum=M][+gl=G][+share=S]"
                         "[+overlap][+prox=MU][+scaffold] with "
                         "RULE one of " + ", ".join(AGGREGATION_RULES))
+    r.add_argument("--collectives", default="ps",
+                   help="comma-separated: ps (the parameter server) and allreduce (Horovod's "
+                        "ring; ESync and SSGD rows only, tuned with their ps rows' rate): "
+                        "every ESync and SSGD row once per collective")
     r.add_argument("--data", default=None,
                    help="comma-separated data splits: iid (shuffled shards, -s 0); by-class "
                         "(-s 1: the original's class order, nearly single-class batches); "
@@ -338,6 +342,7 @@ def parse_args(argv) -> argparse.Namespace:
     args.mode_list = parse_modes(args.modes)
     args.slowdowns = slowdown_factors(args.slowdown, args.workers)
     args.aggregation_list = parse_aggregations(args.aggregations)
+    args.collective_list = parse_collectives(args.collectives)
     args.lr_grid = parse_lr_grid(args.tune_lr)
     args.scenarios_given = args.scenarios is not None
     args.scenario_list = parse_scenarios(args.scenarios)
@@ -367,6 +372,16 @@ def parse_args(argv) -> argparse.Namespace:
         raise UsageError(f"argument --out: {out} already holds files (an earlier benchmark?); "
                          "choose another --out or pass --overwrite")
     return args
+
+
+def parse_collectives(text: str) -> list[str]:
+    from esync.cli import COLLECTIVES
+    names = list(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    bad = [n for n in names if n not in COLLECTIVES]
+    if bad or not names:
+        raise UsageError(f"argument --collectives: {text!r} is not a comma-separated list of "
+                         f"{', '.join(COLLECTIVES)}")
+    return names
 
 
 def resolve_data(args) -> None:
@@ -417,6 +432,17 @@ def check_launcher_support(args) -> None:
             not a.is_plain_mean for a in args.aggregation_list):
         raise UsageError("argument --aggregations: this checkout's esync-cluster has no "
                          "--aggregation option; use --aggregations mean")
+    if args.collective_list != ["ps"]:
+        if "--collective" not in flags:
+            raise UsageError("argument --collectives: this checkout's esync-cluster has no "
+                             "--collective option; use --collectives ps")
+        if not any("allreduce" in modes.get(m).collectives for m in args.mode_list):
+            raise UsageError(f"argument --collectives: --modes {','.join(args.mode_list)} has "
+                             "no mode that runs over the allreduce (esync, sync)")
+        from esync.worker.allreduce import horovod_missing
+        why = horovod_missing()
+        if why:
+            raise UsageError(f"argument --collectives allreduce: {why}")
     why_not = netns_possible(flags)
     args.net_notice = None
     if args.net == "netns" and why_not:
@@ -488,6 +514,7 @@ def canonical_command(args) -> str:
             "--server-bandwidth", args.server_bandwidth,
             "--budget", f"{args.budget:g}", "--modes", ",".join(args.mode_list),
             "--aggregations", ",".join(_aggregation_text(a) for a in args.aggregation_list),
+            "--collectives", ",".join(args.collective_list),
             "--data", args.data, "--repeats", str(args.repeats),
             "--scenarios", args.scenarios,
             "--policy", args.policy, "--target", f"{args.target:g}",

@@ -128,14 +128,32 @@ def rows(args) -> list[Row]:
             if split_value and not mode.cluster:
                 continue
             for base, label, extra in _variants(args, mode):
-                # A row's best rate on by-class data is not its i.i.d. one: its own group.
-                found.append(Row(name=base + split.suffix,
-                                 label=label + (f" ({split.label})" if split.label else ""),
-                                 mode=name, split=split_value, extra=tuple(extra),
-                                 group=base + split.suffix))
+                # A row's best rate on by-class data is not its i.i.d. one: its own group. Over
+                # the allreduce a row computes what its ps row does: it shares that row's rate.
+                group = base + split.suffix
+                for collective in _collectives(args, mode):
+                    suffix = "" if collective == "ps" else f"-{collective}"
+                    found.append(Row(name=base + suffix + split.suffix,
+                                     label=label + COLLECTIVE_LABELS[collective]
+                                     + (f" ({split.label})" if split.label else ""),
+                                     mode=name, split=split_value,
+                                     extra=tuple(extra) + (() if collective == "ps" else
+                                                           ("--collective", collective)),
+                                     group=group))
     if SHIFTING in scenarios:
         found += shifting_rows(args)
     return found
+
+
+# What a row's label adds for its collective (the parameter server is the default).
+COLLECTIVE_LABELS = {"ps": "", "allreduce": " over Horovod allreduce"}
+
+
+def _collectives(args, mode: modes.Mode) -> list[str]:
+    """The collectives of --collectives a mode runs over (ps alone for the async modes)."""
+    wanted = getattr(args, "collective_list", ["ps"])
+    found = [c for c in wanted if c in mode.collectives]
+    return found or ["ps"]
 
 
 def shifting_rows(args) -> list[Row]:

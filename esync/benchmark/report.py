@@ -207,6 +207,55 @@ def side_by_side(args, results: dict, settings: list[Setting], names: list[str],
     return L
 
 
+ALLREDUCE_SUFFIX = "-allreduce"
+
+
+def collective_section(args, results: dict, settings: list[Setting],
+                       labels: dict) -> list[str]:
+    """Rows run over both collectives, side by side: time to target, and what the busiest link
+    carries per round (the server's over ps, any worker's over the ring)."""
+    static = _static(settings)
+    pairs = []
+    for s in static:
+        names = results[s.name]["names"]
+        pairs += [(s, n.replace(ALLREDUCE_SUFFIX, ""), n) for n in names
+                  if ALLREDUCE_SUFFIX in n and n.replace(ALLREDUCE_SUFFIX, "") in names]
+    if not pairs:
+        return []
+    n = args.workers
+    ring = 2 * (n - 1) / n
+    L = ["## Collectives: parameter server and ring allreduce", "",
+         f"The same rows over MXNet's parameter server (ps) and Horovod's ring allreduce, "
+         f"{n} workers. Per exchange a worker pushes the model (plus a small control vector) "
+         f"and pulls the sum: over ps through its own link, and the server's one link sends "
+         f"all {n} pulls (N × the model per round); over the ring each link carries "
+         f"2(N−1)/N = {ring:.2f} × the model each way, in parallel. Medians over the repeats.",
+         "",
+         f"| Setting | Row | ps: time to {args.target:.2f} | allreduce: time to "
+         f"{args.target:.2f} | ps: final accuracy | allreduce: final accuracy "
+         "| ps: busiest link MB/round (server) | allreduce: busiest link MB/round (a worker) "
+         "| allreduce per link / ps worker push (ring: "
+         f"{ring:.2f}) |",
+         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for s, ps_name, ar_name in pairs:
+        ps, ar = results[s.name]["rows"][ps_name], results[s.name]["rows"][ar_name]
+        if not (ps["ok"] and ar["ok"]):
+            L.append(f"| {s.name} | {row_label(ps_name, labels)} | failed | | | | | | |")
+            continue
+        share = (ar["exchange_bytes"] / ps["exchange_bytes"]
+                 if ar.get("exchange_bytes") and ps.get("exchange_bytes") else None)
+        L.append(" | ".join([
+            f"| {s.name}", row_label(ps_name, labels), time_cell(ps["time"]),
+            time_cell(ar["time"]), value_cell(ps["accuracy"], ".3f"),
+            value_cell(ar["accuracy"], ".3f"),
+            _num(ps.get("server_bytes_per_round"), ".2f", 1e-6),
+            _num(ar.get("exchange_bytes"), ".2f", 1e-6), _num(share, ".2f")]) + " |")
+    L += ["", "Bytes as the workers count them (`bytes_pushed` per exchange in the logs; over "
+          "the ring the count is 2(N−1)/N × the arrays reduced, what a ring allreduce sends "
+          "on each link).", ""]
+    return L
+
+
 def _limit_line(limits: list[dict], standalone: dict) -> list[str]:
     if not any(lim["cluster_limit"] is not None for lim in limits):
         return ["Physical limit: n/a (no successful standalone run to measure one device's "
@@ -491,6 +540,7 @@ def render(args, *, jobs: list[Job], tune_jobs: list[Job], results: dict,
     L += tuning_section(args, tuning, names, labels)
     L += table1_section(args, results, settings, labels)
     L += side_by_side(args, results, settings, names, labels)
+    L += collective_section(args, results, settings, labels)
     for s in settings:
         if s.scenario == SHIFTING:
             L += shifting_section(args, s, results[s.name], labels)

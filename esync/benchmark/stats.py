@@ -184,6 +184,8 @@ def aggregate(per_rep: dict[str, list[dict | None]], *, horizon: float) -> dict[
                 throughput_fraction=median([m.get("throughput_fraction") for m in ms]),
                 computing_time_ratio=median([m.get("mean_computing_time_ratio") for m in ms]),
                 traffic_bytes_per_s=median([m.get("traffic_bytes_per_s") for m in ms]),
+                exchange_bytes=median([m.get("exchange_bytes") for m in ms]),
+                server_bytes_per_round=median([m.get("server_bytes_per_round") for m in ms]),
                 state_requests_per_round=median([m.get("state_requests_per_round")
                                                  for m in ms]))
             base = baseline_of(name, times)

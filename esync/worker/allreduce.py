@@ -42,6 +42,14 @@ def import_horovod():
     return hvd
 
 
+def horovod_missing() -> str | None:
+    """Why ``--collective allreduce`` cannot run here (one phrase), or None; no MXNet import."""
+    import importlib.util
+    if importlib.util.find_spec("horovod") is None:
+        return f"Horovod is not installed; {INSTALL_HINT}"
+    return None
+
+
 def check_environment(env=os.environ) -> None:
     """A worker started by hand without Horovod's variables gets told how to start it."""
     missing = [name for name in REQUIRED_ENV if not env.get(name)]
