@@ -4,6 +4,7 @@ Needs root and iproute2 (scripts/test.sh installs it when root); skips, saying w
 Every launcher a test starts is stopped by a finalizer, which then removes whatever namespaces
 it left, so a failing test leaves nothing behind either.
 """
+import importlib.util
 import json
 import os
 import signal
@@ -102,6 +103,27 @@ def test_push_pull_time_follows_the_link_rate(tmp_path, data_dir, launchers):
         for r in rounds[1:]:            # the first round also waits for the slower start
             ratios.append(r["wait_time"] / (r["bytes_pushed"] * 8 / 10_000_000))
     assert 0.7 <= statistics.median(ratios) <= 1.3, ratios
+
+
+@needs_netns
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(importlib.util.find_spec("horovod") is None,
+                    reason="Horovod is not installed: `bash scripts/setup.sh` builds it (it "
+                           "needs cmake and g++)")
+def test_allreduce_time_follows_the_ring_over_the_link_rate(tmp_path, data_dir, launchers):
+    # Three workers on their own 10mbit links: each sends 2(N-1)/N x the gradients over its
+    # link while receiving as much over the others', all at once, so an exchange takes about
+    # the bytes it counts / the rate. Gloo binds to the hosts' own addresses (a ring through
+    # loopback would fail to connect).
+    launchers.run(tmp_path, data_dir, "-m", "sync", "--collective", "allreduce", "--workers",
+                  3, "-b", 8, "--bandwidth", "10mbit", "--max-rounds", 6, "--max-seconds", 0,
+                  "--no-evaluator")
+    ratios = []
+    for rounds in device_logs(tmp_path / "lenet" / "sync").values():
+        for r in rounds[1:]:
+            ratios.append(r["wait_time"] / (r["bytes_pushed"] * 8 / 10_000_000))
+    assert 0.7 <= statistics.median(ratios) <= 1.3, ratios
+    assert not list(netns.ETC_NETNS.glob(f"{netns.PREFIX}*"))     # hosts files removed too
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,12 @@ Layout (one topology per launcher):
     esy<pid>-sw       a namespace holding only the bridge `br0` and one port per host
     esy<pid>-<host>   a namespace per host: `lo` and `eth0` (a veth whose peer is the host's
                       port on the bridge), one address on a private /24, egress shaped with tc
-                      `tbf` when the host has a rate (so what a host sends shares one link)
+                      `tbf` when the host has a rate (so what a host sends shares one link),
+                      and /etc/netns/<namespace>/hosts: this machine's name resolves to the
+                      host's address inside it
 
-Nothing is added to this machine's own namespace: no interface, address or route, so traffic
+Nothing is added to this machine's own namespace (no interface, address or route; only the
+hosts files under /etc/netns, removed with their namespaces), so traffic
 between emulated hosts can never leave the machine and the subnet cannot clash with a real one
 (it is still picked outside every route this machine has, to keep `ip` output unambiguous).
 `netem` is missing on the kernels we target, so links have a rate but no added latency.
@@ -45,6 +48,7 @@ SWITCH = "sw"                     # the bridge's namespace suffix (not a valid h
 BRIDGE = "br0"
 HOST_IFACE = "eth0"
 OWNERS_DIR = Path("/run/esync-netns")      # one small JSON per live topology: pid + start time
+ETC_NETNS = Path("/etc/netns")             # per-namespace files `ip netns exec` mounts over /etc
 SUBNET_CANDIDATES = ("198.18.0.0/24", "198.19.0.0/24", "10.213.0.0/24", "172.31.213.0/24")
 NAME_RE = re.compile(rf"^{PREFIX}(\d+)(?:\.(\d+))?-([A-Za-z0-9_]+)$")
 HOST_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,11}$")     # fits the 15-char interface limit
@@ -142,6 +146,20 @@ def _delete(namespace: str) -> None:
     done = _run("ip", "netns", "delete", namespace, check=False)
     if done.returncode != 0 and namespace in namespaces():
         raise NetnsError(f"could not delete namespace {namespace}: {done.stderr.strip()}")
+    shutil.rmtree(ETC_NETNS / namespace, ignore_errors=True)
+
+
+def _write_hosts_file(namespace: str, address: str, host: str) -> None:
+    """Inside the namespace this machine's name (and the host's) resolve to its own address.
+
+    ``ip netns exec`` mounts ``/etc/netns/<namespace>/hosts`` over ``/etc/hosts``. Without it
+    the machine's name resolves to loopback in every emulated host, and a program that binds
+    to what its host name resolves to (Gloo, for Horovod's process sets) announces 127.0.0.1
+    to the others."""
+    folder = ETC_NETNS / namespace
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "hosts").write_text(f"127.0.0.1\tlocalhost\n{address}\t{socket.gethostname()} "
+                                  f"{host}\n::1\tlocalhost ip6-localhost ip6-loopback\n")
 
 
 def remove_stale() -> list[str]:
@@ -269,6 +287,7 @@ class Topology:
             _run("ip", "-n", ns, "addr", "add",
                  f"{self.address(host.name)}/{self.subnet.prefixlen}", "dev", HOST_IFACE)
             _run("ip", "-n", ns, "link", "set", "dev", HOST_IFACE, "up")
+            _write_hosts_file(ns, self.address(host.name), host.name)
             if host.rate:
                 _run("tc", "-n", ns, "qdisc", "add", "dev", HOST_IFACE, "root",
                      *tbf_args(host.rate))
