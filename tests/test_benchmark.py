@@ -1161,3 +1161,35 @@ def test_dry_run_prints_the_plan_and_the_estimate(data_dir, tmp_path, full_launc
     minutes = (2 * (120 + 21.8) + plan.FIXED_OVERHEAD_S) / 60
     assert f"estimated time: {minutes:.0f} min" in text
     assert "[rep 2 loopback sync] python -m esync.launch -m sync" in text and not out.exists()
+
+
+def test_link_metrics_take_the_busiest_worker_host_and_the_server_per_round():
+    links = {"hosts": {"ps": {"sent": 900, "received": 300},
+                       "host0": {"sent": 400, "received": 600},
+                       "host1": {"sent": 500, "received": 100}},
+             "worker_hosts": ["host0", "host1"], "ps_host": "ps"}
+    assert metrics.link_metrics(links, 10) == {"worker_link_bytes_per_round": 60.0,
+                                               "server_link_bytes_per_round": 90.0}
+    assert metrics.link_metrics(None, 10)["worker_link_bytes_per_round"] is None
+
+
+def test_collective_section_pairs_each_row_with_its_allreduce_twin(tmp_path):
+    import types
+    from esync.benchmark import report, stats
+    from esync.benchmark.plan import LOOPBACK
+
+    def row(time, server=None, exchange=None, link=None):
+        return {"ok": 3, "time": stats.spread([time] * 3, censored=True),
+                "accuracy": stats.spread([0.85, 0.86, 0.87]),
+                "server_bytes_per_round": server, "exchange_bytes": exchange,
+                "worker_link_bytes_per_round": link, "server_link_bytes_per_round": None}
+    results = {"loopback": {"names": ["sync", "sync-allreduce", "async"],
+                            "rows": {"sync": row(30.0, server=8e6, exchange=2e6),
+                                     "sync-allreduce": row(20.0, exchange=3e6, link=3.2e6),
+                                     "async": row(25.0)}}}
+    args = types.SimpleNamespace(workers=4, target=0.85)
+    text = "\n".join(report.collective_section(args, results, [LOOPBACK], {}))
+    lines = [line for line in text.splitlines() if line.startswith("| loopback")]
+    assert len(lines) == 1 and "8.00" in lines[0] and "3.00 (3.20)" in lines[0]
+    assert lines[0].rstrip(" |").endswith("1.60")
+    assert "ring: 1.50" in text

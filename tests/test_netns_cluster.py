@@ -124,6 +124,12 @@ def test_allreduce_time_follows_the_ring_over_the_link_rate(tmp_path, data_dir, 
             ratios.append(r["wait_time"] / (r["bytes_pushed"] * 8 / 10_000_000))
     assert 0.7 <= statistics.median(ratios) <= 1.3, ratios
     assert not list(netns.ETC_NETNS.glob(f"{netns.PREFIX}*"))     # hosts files removed too
+    # The kernel's count of what crossed each worker host's link: what the ring's count says
+    # (plus TCP/IP headers and the start-up broadcast of the model).
+    links = json.loads((tmp_path / "lenet" / "sync" / "links.json").read_text())
+    counted = sum(r["bytes_pushed"] for r in device_logs(tmp_path / "lenet" / "sync")["cpu0"])
+    for host in ("host0", "host1", "host2"):
+        assert 1.0 <= links["hosts"][host]["sent"] / counted <= 1.5, (host, links, counted)
 
 
 @pytest.fixture(scope="module")

@@ -90,8 +90,34 @@ def phase_throughput(summary: dict, switch: float) -> tuple[float | None, float 
             after / (wall - switch) if wall > switch else None)
 
 
+def read_links(folder) -> dict | None:
+    """The link counters a --net netns run recorded (``links.json``), or None."""
+    import json
+    from esync.common.runlayout import links_file
+    try:
+        return json.loads(links_file(folder).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def link_metrics(links: dict | None, rounds: int) -> dict:
+    """Bytes per round that crossed the links, measured by the kernel: the busiest worker
+    host's and the ps host's, each the more of what it sent and received."""
+    empty = {"worker_link_bytes_per_round": None, "server_link_bytes_per_round": None}
+    if not links or not rounds:
+        return empty
+    hosts = links.get("hosts", {})
+
+    def busiest(names):
+        loads = [max(hosts[n]["sent"], hosts[n]["received"]) for n in names if n in hosts]
+        return max(loads) / rounds if loads else None
+    return {"worker_link_bytes_per_round": busiest(set(links.get("worker_hosts", []))),
+            "server_link_bytes_per_round": busiest([links.get("ps_host", "ps")])}
+
+
 def run_metrics(summary: dict, limit: dict, *, standalone: bool, target: float | None = None,
-                horizon: float | None = None, switch: float | None = None) -> dict:
+                horizon: float | None = None, switch: float | None = None,
+                links: dict | None = None) -> dict:
     """The report's figures for one run, straight from its summary.
 
     ``horizon``: a run that went on past the common budget (SSGD for Table 1) is judged on its
@@ -138,6 +164,7 @@ def run_metrics(summary: dict, limit: dict, *, standalone: bool, target: float |
         "accuracy_source": None if series is None else series[2],
         "devices": devices,
     }
+    found.update(link_metrics(links, max((d["rounds"] for d in devices.values()), default=0)))
     if switch is not None:
         found["throughput_before"], found["throughput_after"] = phase_throughput(summary, switch)
     return found
@@ -216,7 +243,7 @@ def results(args, jobs: list[Job], setting_names: list[str], *,
                 per_rep[n].append(run_metrics(
                     run[n], limits[i], standalone=kind[n].standalone, target=args.target,
                     horizon=args.budget if job is not None and job.extended else None,
-                    switch=switch))
+                    switch=switch, links=read_links(job.folder) if job is not None else None))
         entry = {"scenario": scenario, "runs": runs, "names": names, "limits": limits,
                  "per_rep": per_rep, "rows": stats.aggregate(per_rep, horizon=args.budget)}
         if scenario == "static":

@@ -233,27 +233,36 @@ def collective_section(args, results: dict, settings: list[Setting],
          "",
          f"| Setting | Row | ps: time to {args.target:.2f} | allreduce: time to "
          f"{args.target:.2f} | ps: final accuracy | allreduce: final accuracy "
-         "| ps: busiest link MB/round (server) | allreduce: busiest link MB/round (a worker) "
-         "| allreduce per link / ps worker push (ring: "
-         f"{ring:.2f}) |",
+         "| ps: busiest link MB/round (the server's) | allreduce: busiest link MB/round "
+         f"(a worker's) | allreduce: link bytes per round / model (ring: {ring:.2f}) |",
          "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for s, ps_name, ar_name in pairs:
         ps, ar = results[s.name]["rows"][ps_name], results[s.name]["rows"][ar_name]
         if not (ps["ok"] and ar["ok"]):
             L.append(f"| {s.name} | {row_label(ps_name, labels)} | failed | | | | | | |")
             continue
-        share = (ar["exchange_bytes"] / ps["exchange_bytes"]
-                 if ar.get("exchange_bytes") and ps.get("exchange_bytes") else None)
+        model = ps.get("exchange_bytes")        # what a ps worker pushes: the model (+ control)
+        measured = ar.get("worker_link_bytes_per_round")
+        share = (measured or ar.get("exchange_bytes") or 0) / model if model else None
         L.append(" | ".join([
             f"| {s.name}", row_label(ps_name, labels), time_cell(ps["time"]),
             time_cell(ar["time"]), value_cell(ps["accuracy"], ".3f"),
             value_cell(ar["accuracy"], ".3f"),
-            _num(ps.get("server_bytes_per_round"), ".2f", 1e-6),
-            _num(ar.get("exchange_bytes"), ".2f", 1e-6), _num(share, ".2f")]) + " |")
-    L += ["", "Bytes as the workers count them (`bytes_pushed` per exchange in the logs; over "
-          "the ring the count is 2(N−1)/N × the arrays reduced, what a ring allreduce sends "
-          "on each link).", ""]
+            _counted_measured(ps.get("server_bytes_per_round"),
+                              ps.get("server_link_bytes_per_round")),
+            _counted_measured(ar.get("exchange_bytes"), measured),
+            _num(share, ".2f") + ("" if measured else " (counted)")]) + " |")
+    L += ["", "Link bytes: as the workers count them (what they hand the collective: over the "
+          "ring 2(N−1)/N × the arrays reduced), and in parentheses as the kernel measured "
+          "them on the emulated hosts' links (`links.json` of a `--net netns` run: the more "
+          "of sent and received, TCP/IP headers and Horovod's control messages included). "
+          "Model: what a ps worker pushes per exchange.", ""]
     return L
+
+
+def _counted_measured(counted, measured) -> str:
+    text = _num(counted, ".2f", 1e-6)
+    return text + (f" ({measured / 1e6:.2f})" if measured else "")
 
 
 def _limit_line(limits: list[dict], standalone: dict) -> list[str]:

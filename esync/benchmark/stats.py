@@ -186,6 +186,10 @@ def aggregate(per_rep: dict[str, list[dict | None]], *, horizon: float) -> dict[
                 traffic_bytes_per_s=median([m.get("traffic_bytes_per_s") for m in ms]),
                 exchange_bytes=median([m.get("exchange_bytes") for m in ms]),
                 server_bytes_per_round=median([m.get("server_bytes_per_round") for m in ms]),
+                worker_link_bytes_per_round=median([m.get("worker_link_bytes_per_round")
+                                                    for m in ms]),
+                server_link_bytes_per_round=median([m.get("server_link_bytes_per_round")
+                                                    for m in ms]),
                 state_requests_per_round=median([m.get("state_requests_per_round")
                                                  for m in ms]))
             base = baseline_of(name, times)

@@ -31,6 +31,7 @@ CHECKPOINTS = "checkpoints"
 PROCESSES = "processes"
 RUN_FILE = "run.json"
 CLUSTER_FILE = "cluster.json"
+LINKS_FILE = "links.json"      # bytes each emulated host's link carried (--net netns)
 CONFIG_FILE = "config.json"
 STATE_DB = "state_server.sqlite3"
 RESERVED = (CHECKPOINTS, PROCESSES)      # folders of a mode folder that are not hosts
@@ -64,6 +65,10 @@ def run_file(mode_folder: Path) -> Path:
 
 def cluster_file(mode_folder: Path) -> Path:
     return Path(mode_folder) / CLUSTER_FILE
+
+
+def links_file(mode_folder: Path) -> Path:
+    return Path(mode_folder) / LINKS_FILE
 
 
 def state_db(mode_folder: Path) -> Path:

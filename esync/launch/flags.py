@@ -268,7 +268,8 @@ def check_before_start(args) -> None:
     if args.overwrite:
         for sub in (runlayout.checkpoints_dir(folder), runlayout.processes_dir(folder)):
             shutil.rmtree(sub, ignore_errors=True)
-        for path in (runlayout.evaluations_file(folder), runlayout.state_db(folder)):
+        for path in (runlayout.evaluations_file(folder), runlayout.state_db(folder),
+                     runlayout.links_file(folder)):
             path.unlink(missing_ok=True)
 
 

@@ -190,7 +190,8 @@ class LocalLaunch(Launch):
         The supervisor's close() of the backend removes both on every way out."""
         caps, share = cpu_caps(args)
         layout = layout_from_args(args, args.workers)
-        backend = LocalBackend(caps=caps) if layout is None else NetnsBackend(layout, caps=caps)
+        backend = LocalBackend(caps=caps) if layout is None else NetnsBackend(
+            layout, caps=caps, links_file=runlayout.links_file(runlayout.mode_dir(args)))
         try:
             hosts = None
             if layout is not None:

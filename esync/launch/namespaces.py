@@ -305,6 +305,20 @@ class Topology:
         if errors:
             raise NetnsError("; ".join(errors))
 
+    def link_bytes(self) -> dict[str, dict[str, int]]:
+        """Bytes each host's link has sent and received so far (its eth0's counters)."""
+        found = {}
+        for host in self.hosts:
+            done = _run("ip", "-n", self.namespace(host.name), "-s", "-j", "link", "show",
+                        "dev", HOST_IFACE, check=False)
+            try:
+                stats = json.loads(done.stdout)[0]["stats64"]
+            except (ValueError, LookupError, TypeError):
+                continue
+            found[host.name] = {"sent": int(stats["tx"]["bytes"]),
+                                "received": int(stats["rx"]["bytes"])}
+        return found
+
     def __enter__(self):
         return self.create()
 

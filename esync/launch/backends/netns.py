@@ -13,6 +13,7 @@ left is removed by the next run.
 """
 from __future__ import annotations
 
+import json
 import os
 
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import esync.launch.namespaces as netns
 from esync.common.errors import UsageError
+from esync.common.files import atomic_write_text
 from esync.common.speeds import CPU_CGROUP_ENV
 from esync.launch.backends.local import LocalBackend
 from esync.launch.roles import REPO, Host, Hosts, RoleSpec
@@ -107,9 +109,10 @@ class NetnsBackend(LocalBackend):
     so process groups and the die-with-the-launcher signal work as for local processes)."""
 
     def __init__(self, layout: Layout, cwd: Path = REPO, base_env: dict | None = None,
-                 caps=None):
+                 caps=None, links_file: Path | None = None):
         super().__init__(cwd, base_env, caps)
         self.layout = layout
+        self.links_file = links_file      # where close() records the bytes of every link
         self.topology = netns.Topology(layout.hosts)
         self.relays: list[netns.PortForward] = []
 
@@ -152,5 +155,18 @@ class NetnsBackend(LocalBackend):
             for relay in self.relays:
                 relay.close()
             super().close()
+            self._record_links()
         finally:
             self.topology.remove()
+
+    def _record_links(self) -> None:
+        """The bytes each host's link carried over the job, measured by the kernel (the
+        workers' own counts say what they asked for, this what crossed the links)."""
+        if self.links_file is None or not self.topology.created:
+            return
+        counts = self.topology.link_bytes()
+        if counts:
+            self.links_file.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(self.links_file, json.dumps(
+                {"hosts": counts, "worker_hosts": list(self.layout.worker_hosts),
+                 "ps_host": PS_HOST}, indent=1))
