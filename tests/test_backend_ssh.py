@@ -1,4 +1,5 @@
 """esync-cluster --backend ssh against a real sshd on 127.0.0.1 (key auth from a temporary folder)."""
+import importlib.util
 import json
 import signal
 import subprocess
@@ -42,6 +43,20 @@ def test_the_summary_of_an_ssh_job_covers_both_workers(finished_job):
     log_dir, _ = finished_job
     summary = json.loads((log_dir / "lenet" / "esync" / "ESync.json").read_text())
     assert summary["_totals"]["num_devices"] == 2
+
+
+@pytest.mark.skipif(importlib.util.find_spec("horovod") is None,
+                    reason="Horovod is not installed: `bash scripts/setup.sh` builds it (it "
+                           "needs cmake and g++)")
+def test_an_allreduce_job_over_ssh_runs_horovods_rendezvous_and_every_round(sshd, tmp_path,
+                                                                          fashion_data_dir):
+    run_cluster(tmp_path / "logs", fashion_data_dir, *ssh_args(tmp_path, sshd), *JOB,
+                "--collective", "allreduce", "--max-rounds", 3, "--no-evaluator", timeout=400)
+    mode_dir = tmp_path / "logs" / "lenet" / "esync"
+    logs = device_logs(mode_dir)
+    assert {name: [r["rank"] for r in rounds] for name, rounds in logs.items()} == {
+        "cpu0": [0, 0, 0], "cpu1": [1, 1, 1]}
+    assert (mode_dir / "processes" / "rendezvous.log").exists()
 
 
 def test_interrupt_stops_the_processes_on_the_remote_host(sshd, launcher, tmp_path,
