@@ -1193,3 +1193,12 @@ def test_collective_section_pairs_each_row_with_its_allreduce_twin(tmp_path):
     assert len(lines) == 1 and "8.00" in lines[0] and "3.00 (3.20)" in lines[0]
     assert lines[0].rstrip(" |").endswith("1.60")
     assert "ring: 1.50" in text
+
+
+def test_the_canonical_command_gives_back_every_aggregation_part():
+    from esync.benchmark.options import _aggregation_text
+    text = ("fednova+scaffold,fednova+prox=0.1,weighted+nesterov=0.9+gl=0.7+share=0.1+overlap,"
+            "mean+momentum=0.5")
+    parsed = options.parse_aggregations(text)
+    assert options.parse_aggregations(",".join(_aggregation_text(a) for a in parsed)) == parsed
+    assert ",".join(_aggregation_text(a) for a in parsed) == text

@@ -296,3 +296,28 @@ def test_without_cgroups_an_explicit_cpu_cap_is_an_error(tmp_path, monkeypatch):
     args.slowdowns = [1.0, 4.0]
     with pytest.raises(UsageError, match="--emulation cpu-cap: CPU caps need root"):
         launches.cpu_caps(args)
+
+
+@pytest.mark.parametrize("split, want", [
+    ("0", ["weighted", "0.9", "--nesterov", "0.7"]),
+    ("1", ["fednova", "0.0", "--no-nesterov", "1.0"]),
+    ("2", ["weighted", "0.0", "--no-nesterov", "1.0"]),
+])
+def test_aggregation_defaults_follow_the_data_split_and_yield_to_the_user(
+        tmp_path, fashion_data_dir, split, want):
+    from esync.launch.flags import parse
+
+    def aggregation_of(*extra):
+        parser = build_parser()
+        args = parse(parser, ["-ld", str(tmp_path), "-dd", str(fashion_data_dir), "--workers",
+                              "2", "-s", split, *extra])
+        worker = next(s for s in LocalCluster(args, parser).plan() if s.kind == "worker")
+        argv = worker.argv
+        return [argv[argv.index("--aggregation") + 1],
+                argv[argv.index("--outer-momentum") + 1],
+                "--nesterov" if "--nesterov" in argv else "--no-nesterov",
+                argv[argv.index("--global-lr") + 1]]
+    assert aggregation_of() == want
+    assert aggregation_of("--aggregation", "mean", "--outer-momentum", "0.5")[:3] == [
+        "mean", "0.5", "--nesterov" if split == "0" else "--no-nesterov"]
+    assert aggregation_of("--outer-momentum", "0")[1:3] == ["0.0", "--no-nesterov"]

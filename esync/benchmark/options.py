@@ -539,9 +539,18 @@ def _sync_cap(args) -> float:
 
 
 def _aggregation_text(a: Aggregation) -> str:
+    """The ``--aggregations`` item that parses back into ``a`` (every part of it)."""
     text = a.rule
     if a.momentum:
         text += f"+{'nesterov' if a.nesterov else 'momentum'}={a.momentum:g}"
     if a.global_lr is not None:
         text += f"+gl={a.global_lr:g}"
+    if a.comm_share is not None:
+        text += f"+share={a.comm_share:g}"
+    if a.overlap:
+        text += "+overlap"
+    if a.prox_mu:
+        text += f"+prox={a.prox_mu:g}"
+    if a.scaffold:
+        text += "+scaffold"
     return text

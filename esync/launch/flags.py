@@ -23,16 +23,26 @@ from esync.launch.backends.netns import add_network_args, layout_from_args
 # the original's meaning (x the gradient summed over the batch): 0.05 / 64 is a step of 0.05 on
 # the mean gradient of a 64-sample batch.
 CLUSTER_LR = 0.05 / 64
-# ESync's aggregation: the benchmark's best rule (docs/benchmark/report.md), deltas weighted by
-# k_i with DiLoCo's outer Nesterov momentum 0.9 and outer learning rate 0.7. main.py keeps the
+# ESync's aggregation depends on the data split (AGGREGATION_BY_SPLIT). main.py keeps the
 # original's plain mean; `--aggregation mean --outer-momentum 0 --no-nesterov -gl 1` here too.
 # Rounds are stretched so that the exchange takes at most 10% of a round (i.i.d. data), up to
 # 5 s (docs/ALGORITHM.md, "Rounds sized by compute and transfer"); `--comm-share 1` is the
 # original.
 CLUSTER_DEFAULTS = dict(network="lenet", cpu=1, learning_rate=CLUSTER_LR, local_lr=CLUSTER_LR,
                         eval_duration=10, max_seconds=90.0, mode="esync",
-                        aggregation="weighted", outer_momentum=0.9, nesterov=True, global_lr=0.7,
+                        aggregation=None, outer_momentum=None, nesterov=None, global_lr=None,
                         comm_share=None, max_round_seconds=5.0)
+# ESync's aggregation by data split, each the best ESync row of a 3-repeat benchmark:
+# - i.i.d. (docs/benchmark/report.md): deltas weighted by k_i, DiLoCo's outer Nesterov momentum
+#   0.9 and outer learning rate 0.7;
+# - by class (docs/benchmark-byclass/report.md; no outer momentum: with Nesterov 0.9 a 2-worker
+#   -s 1 cluster ends at chance): fednova for -s 1 (0.183 after 60 s, weighted 0.176 with one
+#   repeat at 0.110), weighted for -s 2 (0.750, fednova 0.618).
+AGGREGATION_BY_SPLIT = {
+    0: dict(aggregation="weighted", outer_momentum=0.9, nesterov=True, global_lr=0.7),
+    1: dict(aggregation="fednova", outer_momentum=0.0, nesterov=False, global_lr=1.0),
+    2: dict(aggregation="weighted", outer_momentum=0.0, nesterov=False, global_lr=1.0),
+}
 # --comm-share by data split: on i.i.d. shards rounds are stretched until the exchange takes at
 # most 10% of a round; by-class shards (-s 1, -s 2) keep rounds of one slowest iteration, since
 # every extra local step on one device's classes is drift (FedAvg's local-epochs trade-off; a
@@ -81,6 +91,15 @@ def build_parser() -> argparse.ArgumentParser:
     cli.add_training_args(parser)
     cli.add_run_args(parser, one_worker=False)
     parser.set_defaults(**CLUSTER_DEFAULTS)
+    for flag, dest in (("--aggregation", "aggregation"), ("--outer-momentum", "outer_momentum"),
+                       ("-gl", "global_lr")):
+        action = parser._option_string_actions[flag]
+        action.help += " (default by data split: " + ", ".join(
+            f"-s {split}: {values[dest]:g}" if isinstance(values[dest], float)
+            else f"-s {split}: {values[dest]}" for split, values in AGGREGATION_BY_SPLIT.items()
+        ) + ")"
+    parser._option_string_actions["--nesterov"].help += (
+        " (default: on with the outer momentum of -s 0, off on by-class data)")
     parser._option_string_actions["--comm-share"].help = (
         "the state server stretches rounds so that the measured exchange takes at most this "
         f"share of a round (default by data split: {COMM_SHARE_IID:g} on i.i.d. data, "
@@ -180,6 +199,7 @@ def parse(parser, argv) -> argparse.Namespace:
                              f"--backend local, not --backend {args.backend}")
     if args.comm_share is None:
         args.comm_share = COMM_SHARE_BY_CLASS if args.split_by_class else COMM_SHARE_IID
+    _aggregation_for_split(args)
     if args.slowdown_list is None:
         args.slowdown_list = DEFAULT_SLOWDOWN if args.workers == 4 else "1"
     args.slowdowns = slowdown_factors(args.slowdown_list, args.workers)
@@ -215,6 +235,17 @@ def parse(parser, argv) -> argparse.Namespace:
     if args.backend != "kubernetes":          # the pods check their own data and logs
         check_before_start(args)
     return args
+
+
+def _aggregation_for_split(args) -> None:
+    """Fill what the user left out of ESync's aggregation with the data split's defaults; a
+    momentum given without --nesterov keeps Nesterov only when the split's default has it."""
+    defaults = AGGREGATION_BY_SPLIT[args.split_by_class]
+    for dest in ("aggregation", "outer_momentum", "global_lr"):
+        if getattr(args, dest) is None:
+            setattr(args, dest, defaults[dest])
+    if args.nesterov is None:
+        args.nesterov = bool(defaults["nesterov"] and args.outer_momentum)
 
 
 def _per_worker_local_iters(values: tuple[int, ...], workers: int) -> tuple[int, ...]:
