@@ -45,6 +45,7 @@ def test_allreduce_plan_has_horovods_rendezvous_in_place_of_the_parameter_server
         assert env["HOROVOD_GLOO_RENDEZVOUS_ADDR"] == "10.9.0.1"
         assert env["HOROVOD_GLOO_RENDEZVOUS_PORT"] == "9100"
         assert env["HOROVOD_CONTROLLER"] == env["HOROVOD_CPU_OPERATIONS"] == "gloo"
+    assert named["worker-cpu0"].env["HOROVOD_CYCLE_TIME"] == "20"   # not Horovod's busy 1 ms
     assert named["worker-cpu0"].env["HOROVOD_GLOO_IFACE"] == "veth-c1"
     assert "HOROVOD_GLOO_IFACE" not in named["worker-cpu1"].env   # chosen by its route
 

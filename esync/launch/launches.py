@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import secrets
 import sys
 from pathlib import Path
@@ -28,7 +29,8 @@ from esync.launch.backends.local import LocalBackend
 from esync.launch.backends.netns import NetnsBackend, layout_from_args
 from esync.launch.flags import device_list, worker_argv
 from esync.launch.remote import node_devices
-from esync.launch.roles import REPO, ClusterConfig, Hosts, device_names, plan_roles
+from esync.launch.roles import (HOROVOD_CYCLE_MS, REPO, ClusterConfig, Hosts, device_names,
+                                plan_roles)
 from esync.launch.supervisor import Options
 
 LOCAL_ADDRESS = "127.0.0.1"       # the local backend's one host
@@ -69,6 +71,7 @@ class Launch:
             state_token=self.token, emulation=self.emulation,
             cpu_cores=tuple(self.cpu_cores()), speed_schedule=a.speed_schedule,
             collective=a.collective, local_iters=tuple(a.local_iters),
+            horovod_cycle_ms=os.environ.get("HOROVOD_CYCLE_TIME", HOROVOD_CYCLE_MS),
             state_db=paths.pop("state_db", str(runlayout.state_db(self.mode_dir))), **paths)
 
     def plan(self):
