@@ -7,7 +7,7 @@ import signal
 import numpy as np
 import pytest
 
-from support import device_logs, processes_of, run_cluster, write_fashion_dir
+from support import device_logs, processes_of, write_fashion_dir
 from esync.worker.checkpoint import CheckpointStore
 from test_launch import quiet, wait_for_rounds, worker_pid
 
@@ -54,6 +54,11 @@ def test_esync_round_over_allreduce_gives_the_parameter_servers_global_model(
         logs = device_logs(folder / "lenet" / "esync")
         assert [logs[d][-1]["k"] for d in ("cpu0", "cpu1")] == [1, 3]
         models[collective] = _final_model(folder)
+    # Each worker's count: what it pushed (a ps worker) or what crossed its ring link, 2(N-1)/N
+    # = 1 x the arrays for two workers: the same bytes.
+    assert {r["bytes_pushed"] for d in logs.values() for r in d} == {
+        r["bytes_pushed"] for d in device_logs(tmp_path / "ps" / "lenet" / "esync").values()
+        for r in d}
     assert models["ps"].keys() == models["allreduce"].keys()
     for name, want in models["ps"].items():
         np.testing.assert_allclose(models["allreduce"][name], want, rtol=1e-5, atol=1e-7,
@@ -62,22 +67,6 @@ def test_esync_round_over_allreduce_gives_the_parameter_servers_global_model(
     untrained = CheckpointStore(tmp_path / "ps" / "lenet" / "esync" / "checkpoints")
     _, first = untrained.load(untrained.path_for(1), network="lenet")
     assert max(float(np.max(np.abs(first[n] - models["ps"][n]))) for n in first) > 1e-4
-
-
-def test_allreduce_traffic_is_the_rings(tmp_path, small_data):
-    """Each worker's link carries 2(N-1)/N x the pushed arrays each way per exchange: with three
-    workers 4/3 of what a parameter-server worker pushes."""
-    run_cluster(tmp_path, small_data, "-m", "sync", "--collective", "allreduce", "--workers", 3,
-                "--slowdown", "1", "-b", 8, "--max-rounds", ROUNDS, "--max-seconds", 0, "-e", 1,
-                "--no-evaluator")
-    logs = device_logs(tmp_path / "lenet" / "sync")
-    model_bytes = sum(a.size * 4 for a in _final_model(tmp_path, "sync").values())
-    control_bytes = 4 * (2 + 5 * 3)
-    for rounds in logs.values():
-        for entry in rounds:
-            want = (model_bytes + control_bytes) * 4 / 3
-            assert abs(entry["bytes_pushed"] - want) <= 2, entry
-            assert entry["bytes_pulled"] == entry["bytes_pushed"]
 
 
 def test_killed_allreduce_worker_is_named_and_the_job_ends(tmp_path, fashion_data_dir, launcher):

@@ -1,5 +1,4 @@
 """esync-cluster --backend slurm against a real single-node Slurm 22.05 (munge, slurmctld, slurmd)."""
-import importlib.util
 import json
 import signal
 import subprocess
@@ -48,21 +47,6 @@ def test_the_drawer_reads_the_logs_of_a_slurm_job(finished_job, tmp_path):
 def start(launcher, slurm, tmp_path, data_dir):
     return launcher("-ld", tmp_path, "-dd", data_dir, "--quiet", *JOB, "--max-seconds", 300,
                     env={"SLURM_CONF": slurm.env["SLURM_CONF"]})
-
-
-@pytest.mark.skipif(importlib.util.find_spec("horovod") is None,
-                    reason="Horovod is not installed: `bash scripts/setup.sh` builds it (it "
-                           "needs cmake and g++)")
-def test_an_allreduce_job_through_slurm_runs_horovods_rendezvous_as_a_task(slurm, tmp_path,
-                                                                         fashion_data_dir):
-    run_cluster(tmp_path / "logs", fashion_data_dir, *JOB, "--collective", "allreduce",
-                "--max-rounds", 3, "--no-evaluator", timeout=400,
-                env={"SLURM_CONF": slurm.env["SLURM_CONF"]})
-    mode_dir = tmp_path / "logs" / "lenet" / "esync"
-    logs = device_logs(mode_dir)
-    assert {name: [r["rank"] for r in rounds] for name, rounds in logs.items()} == {
-        "cpu0": [0, 0, 0], "cpu1": [1, 1, 1]}
-    assert (mode_dir / "processes" / "rendezvous.log").exists()
 
 
 def test_scancel_ends_the_job_and_the_launcher_names_a_role(slurm, launcher, tmp_path,

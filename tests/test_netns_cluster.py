@@ -116,7 +116,7 @@ def test_allreduce_time_follows_the_ring_over_the_link_rate(tmp_path, data_dir, 
     # the bytes it counts / the rate. Gloo binds to the hosts' own addresses (a ring through
     # loopback would fail to connect).
     launchers.run(tmp_path, data_dir, "-m", "sync", "--collective", "allreduce", "--workers",
-                  3, "-b", 8, "--bandwidth", "10mbit", "--max-rounds", 6, "--max-seconds", 0,
+                  3, "-b", 8, "--bandwidth", "10mbit", "--max-rounds", 4, "--max-seconds", 0,
                   "--no-evaluator")
     ratios = []
     for rounds in device_logs(tmp_path / "lenet" / "sync").values():
