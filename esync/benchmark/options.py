@@ -133,6 +133,20 @@ class Aggregation:
             text += ", SCAFFOLD"
         return text
 
+    @property
+    def text(self) -> str:
+        """The ``--aggregations`` item that parses back into this row (every part of it)."""
+        parts = [self.rule]
+        if self.momentum:
+            parts.append(f"{'nesterov' if self.nesterov else 'momentum'}={self.momentum:g}")
+        if self.global_lr is not None:
+            parts.append(f"gl={self.global_lr:g}")
+        if self.comm_share is not None:
+            parts.append(f"share={self.comm_share:g}")
+        parts += ["overlap"] * self.overlap + ([f"prox={self.prox_mu:g}"] if self.prox_mu else [])
+        parts += ["scaffold"] * self.scaffold
+        return "+".join(parts)
+
     def argv(self) -> list[str]:
         """Every aggregation flag spelled out: the launcher's own defaults never leak in."""
         argv = ["--aggregation", self.rule, "--outer-momentum", f"{self.momentum or 0:g}",
@@ -539,18 +553,4 @@ def _sync_cap(args) -> float:
 
 
 def _aggregation_text(a: Aggregation) -> str:
-    """The ``--aggregations`` item that parses back into ``a`` (every part of it)."""
-    text = a.rule
-    if a.momentum:
-        text += f"+{'nesterov' if a.nesterov else 'momentum'}={a.momentum:g}"
-    if a.global_lr is not None:
-        text += f"+gl={a.global_lr:g}"
-    if a.comm_share is not None:
-        text += f"+share={a.comm_share:g}"
-    if a.overlap:
-        text += "+overlap"
-    if a.prox_mu:
-        text += f"+prox={a.prox_mu:g}"
-    if a.scaffold:
-        text += "+scaffold"
-    return text
+    return a.text
