@@ -56,6 +56,26 @@ def test_overlap_only_has_to_outlast_the_transfer():
     assert round_length(C_SLOW, 0.1, overlap) == C_SLOW              # hidden already
 
 
+def test_the_aggregations_arithmetic_counts_with_the_transfer():
+    # 0.1 s of transfer + 0.2 s of arithmetic: (0.3) / (T + 0.3) <= 0.1, T >= 2.7 s
+    assert round_length(C_SLOW, 0.1, SHARE, overhead=0.2) == pytest.approx(2.7)
+    # the arithmetic alone stretches too (transfer unknown)
+    assert round_length(C_SLOW, 0.0, SHARE, overhead=0.2) == pytest.approx(1.8)
+    # ... but share 1 is the original's rounds whatever it costs
+    assert round_length(C_SLOW, 0.1, RoundSizing(comm_share=1.0), overhead=0.2) == C_SLOW
+
+
+def test_overlap_hides_the_transfer_but_not_the_arithmetic():
+    overlap = RoundSizing(comm_share=0.1, max_round=0.0, overlap=True)
+    # the transfer (0.1 s) is hidden; 0.2 s of arithmetic per round must be 10% of T + 0.2
+    assert round_length(C_SLOW, 0.1, overlap, overhead=0.2) == pytest.approx(1.8)
+    # a long transfer still has to be outlasted
+    assert round_length(C_SLOW, 6 * C_SLOW, overlap, overhead=0.2) == \
+        pytest.approx(OVERLAP_MARGIN * 2.4)
+    bounded = RoundSizing(comm_share=0.1, max_round=1.0, overlap=True)
+    assert round_length(C_SLOW, 0.1, bounded, overhead=0.2) == 1.0
+
+
 def test_transfer_is_the_smallest_wait():
     # the last worker to push waits for the transfer alone; the others also for it
     assert transfer_estimate([0.9, 0.3, None, 0.0, 0.5]) == 0.3
@@ -127,3 +147,12 @@ def test_a_slow_aggregation_counts_with_the_transfer_when_rounds_are_stretched()
     job.report_round(2, [8, 8, 2, 1], C, [0.1, 0.1, 0.1, 0.05], [0.02, 0.02, 0.05, 0.2])
     # the slowest device neither trains nor exchanges for 0.05 + 0.2 s: T = 9 x 0.25
     assert job.snapshot()["round_length"] == pytest.approx(9 * 0.25)
+
+
+def test_with_overlap_the_planned_job_stretches_rounds_for_the_arithmetic_alone():
+    overlap = RoundSizing(comm_share=0.1, max_round=0.0, overlap=True)
+    job = JobState(num_workers=4, policy="planned", clock=FakeClock(), sizing=overlap)
+    job.report_round(1, [1] * 4, C)
+    job.report_round(2, [8, 8, 2, 1], C, [0.1, 0.1, 0.1, 0.05], [0.02, 0.02, 0.05, 0.2])
+    # the 0.05 s transfer is hidden (T >= 1.5 x 0.05); the slowest's 0.2 s of arithmetic is not
+    assert job.snapshot()["round_length"] == pytest.approx(9 * 0.2)

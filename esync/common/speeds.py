@@ -9,6 +9,7 @@ shared by the worker and the launcher.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import math
 import os
 import re
@@ -20,20 +21,66 @@ DEVICE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 CPU_CGROUP_ENV = "ESYNC_CPU_CGROUP"
 
 
-def join_cpu_cap(environ=os.environ) -> str | None:
-    """Move this process (every thread) into the cgroup its launcher made for this device, if
-    any; return the group. Called when training starts: start-up runs at the machine's speed.
-    A group that cannot be joined is an error: the emulated speed would be wrong."""
+# Threads that carry this worker's communication (ps-lite's and ZeroMQ's, Horovod's background
+# loop), recorded by ``communication_threads`` when the channel starts them.
+_COMMUNICATION_THREADS: set[int] = set()
+
+
+def thread_ids() -> set[int]:
+    """This process's threads now (Linux task ids); empty where /proc is missing."""
+    try:
+        return {int(tid) for tid in os.listdir("/proc/self/task")}
+    except OSError:
+        return set()
+
+
+@contextlib.contextmanager
+def communication_threads():
+    """Record the threads started inside the block as communication: ``join_cpu_cap`` leaves
+    them out of the device's cap. An emulated device is slow at computing; its network stack
+    runs on its host, as a real GPU's does (see ``join_cpu_cap``)."""
+    before = thread_ids()
+    try:
+        yield
+    finally:
+        _COMMUNICATION_THREADS.update(thread_ids() - before)
+
+
+def join_cpu_cap(environ=os.environ) -> tuple[str, str] | None:
+    """Move this worker's compute into the cgroup its launcher made for this device, if any;
+    return (the group, what it holds: "compute threads" or "every thread").
+
+    Called when training starts: start-up runs at the machine's speed. Where threads can be
+    placed one by one (cgroup v1's ``tasks``), every thread except the communication threads
+    (``communication_threads``) joins, and threads started later by a capped thread (MXNet's
+    engine workers are started on first use) inherit the cap. Capping the communication too
+    would delay every message of a throttled device until its next CFS period (up to 60 ms for
+    a x8 device, per hop) and starve an exchange overlapped with computing, which no real
+    device does. Where that is impossible (cgroup v2 outside threaded mode) the whole process
+    joins. A group that cannot be joined is an error: the emulated speed would be wrong."""
     group = environ.get(CPU_CGROUP_ENV)
     if not group:
         return None
+    tasks = os.path.join(group, "tasks")
+    communication = _COMMUNICATION_THREADS & thread_ids()
     try:
+        if communication and os.path.exists(tasks):
+            fd = os.open(tasks, os.O_WRONLY)
+            try:
+                for tid in sorted(thread_ids() - communication):
+                    try:
+                        os.write(fd, f"{tid}\n".encode())   # one task id per write
+                    except ProcessLookupError:
+                        pass                                 # a thread that just ended
+            finally:
+                os.close(fd)
+            return group, "compute threads"
         with open(os.path.join(group, "cgroup.procs"), "w") as procs:
             procs.write(str(os.getpid()))
     except OSError as exc:
         raise UsageError(f"cannot join the CPU cap {group} ({exc.strerror or exc}); the launcher "
                          f"that made it must run as root and still be running") from None
-    return group
+    return group, "every thread"
 
 
 class ScheduleError(UsageError, ValueError):

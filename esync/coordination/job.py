@@ -502,14 +502,17 @@ class JobState:
     def _round_length(self) -> float:
         """The round's duration T by ``round_length`` from the latest c and communication.
 
-        Under the planned policy the overheads are per round (what each aggregation computes):
-        the largest is time its device does not train either, so it counts with the transfer.
+        Under the planned policy the round reports carry each aggregation's arithmetic
+        (overheads, per round): the largest is time its device does not train, so it counts
+        against the share with the transfer (and, with overlap, alone). The dynamic policy's
+        overheads are per iteration (the server's own measure, for the slack) and do not count.
         """
         c_s = max(worker.c for worker in self._workers)
         cost = transfer_estimate([w.comm for w in self._workers])
-        if self.policy == "planned" and cost > 0:
-            cost += max(w.overhead or 0.0 for w in self._workers)
-        return round_length(c_s, cost, self.sizing)
+        overhead = 0.0
+        if self.policy == "planned":
+            overhead = max(w.overhead or 0.0 for w in self._workers)
+        return round_length(c_s, cost, self.sizing, overhead)
 
     @staticmethod
     def _record_comm(me: _Worker, d: float | None) -> None:

@@ -129,21 +129,28 @@ COMPUTE_ONLY = RoundSizing()
 OVERLAP_MARGIN = 1.5     # with overlap, a round outlasts the transfer it hides by half (it varies)
 
 
-def round_length(c_s: float, comm: float, sizing: RoundSizing = COMPUTE_ONLY) -> float:
-    """The round's duration T: the slowest device's iteration ``c_s``, stretched so that the
-    transfer ``comm`` (seconds per exchange; 0: unknown) stays within the share.
+def round_length(c_s: float, comm: float, sizing: RoundSizing = COMPUTE_ONLY,
+                 overhead: float = 0.0) -> float:
+    """The round's duration T: the slowest device's iteration ``c_s``, stretched so that what a
+    round spends not computing stays within the share: the transfer ``comm`` (seconds per
+    exchange; 0: unknown) and the aggregation's own arithmetic ``overhead`` (seconds per round;
+    0: unknown), which no overlap hides.
 
-    Without overlap the exchange follows the computation: its share of a round is
-    ``comm / (T + comm)``, so ``T >= comm * (1 - share) / share``. With overlap it runs during
-    the next round, which only has to outlast it: ``T >= OVERLAP_MARGIN * comm``. T never goes
-    below ``c_s`` (the slowest device computes at least once) nor above ``max(c_s, max_round)``.
+    Without overlap both follow the computation: their share of a round is
+    ``(comm + overhead) / (T + comm + overhead)``, so ``T >= (comm + overhead)(1 - share) /
+    share``. With overlap the transfer runs during the next round, which only has to outlast
+    it (``T >= OVERLAP_MARGIN * comm``), and the arithmetic alone counts against the share. T
+    never goes below ``c_s`` (the slowest device computes at least once) nor above
+    ``max(c_s, max_round)``.
     """
-    if comm <= 0 or sizing.comm_share >= 1.0 and not sizing.overlap:
+    comm, overhead = max(0.0, comm), max(0.0, overhead)
+    share = sizing.comm_share
+    if share >= 1.0 and not sizing.overlap or comm + overhead <= 0:
         return c_s
+    exposed = overhead if sizing.overlap else comm + overhead
+    wanted = exposed * (1.0 - share) / share if share < 1.0 else 0.0
     if sizing.overlap:
-        wanted = OVERLAP_MARGIN * comm
-    else:
-        wanted = comm * (1.0 - sizing.comm_share) / sizing.comm_share
+        wanted = max(wanted, OVERLAP_MARGIN * comm)
     if sizing.max_round > 0:
         wanted = min(wanted, sizing.max_round)
     return max(c_s, wanted)

@@ -19,7 +19,7 @@ from esync.worker.checkpoint import CheckpointError, CheckpointStore
 from esync.common import runlayout
 from esync.common.errors import UsageError, guarded
 from esync.common.runlayout import EvaluationLog
-from esync.common.speeds import join_cpu_cap
+from esync.common.speeds import communication_threads, join_cpu_cap
 from esync.worker.evaluator import accuracy
 from esync.worker.kvstore import Channel, KeyMap, KVChannel, control_length, leave_job_at_once
 from esync.common.files import atomic_write_text
@@ -87,9 +87,11 @@ def _connect(algo_cls, args):
         return None, 0, 1
     if getattr(args, "collective", "ps") == "allreduce":
         from esync.worker.allreduce import AllreduceChannel
-        channel = AllreduceChannel(resolve_context(args))
+        with communication_threads():       # Horovod's background loop
+            channel = AllreduceChannel(resolve_context(args))
     else:
-        channel = KVChannel(mx.kv.create(algo_cls.kvstore_type))
+        with communication_threads():       # ps-lite's and ZeroMQ's threads
+            channel = KVChannel(mx.kv.create(algo_cls.kvstore_type))
     return channel, channel.rank, channel.num_workers
 
 
@@ -270,9 +272,10 @@ class TrainingLoop:
 
     def run(self, done_rounds: int, spent: float, samples: int) -> int:
         args, w = self.args, self.w
-        group = join_cpu_cap()                     # the device's speed from here on
-        if group:
-            print(f"{self.prefix} training under the CPU cap of {group}", flush=True)
+        capped = join_cpu_cap()                    # the device's speed from here on
+        if capped:
+            print(f"{self.prefix} training under the CPU cap of {capped[0]} ({capped[1]})",
+                  flush=True)
         last_c = self._warm_up()
         clock0 = time.perf_counter() - spent       # training clock: inline scoring is taken out
         self.clock0 = clock0
