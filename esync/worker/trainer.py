@@ -290,7 +290,7 @@ class TrainingLoop:
         while True:
             round_no += 1
             w.round_no = round_no
-            record = RoundRecord(round_no)
+            record = RoundRecord(round_no, settle=w.settle)
             round_start = time.perf_counter()
             pushed0, pulled0 = w.channel.counters() if w.channel else (0, 0)
             requests0 = self.algo.state_requests()

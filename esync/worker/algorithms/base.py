@@ -96,6 +96,13 @@ class Worker:
     batch_samples: int = 0           # samples of the local iteration under way (the last
                                      # batch of a -s 1 pass is smaller)
 
+    def settle(self) -> None:
+        """Wait until the model (weights, gradients, batch-norm statistics) holds every value
+        queued for it: what a phase timer must include, without waiting for an exchange that
+        runs beside the computation (``esync.worker.measure``)."""
+        for array in datas(self.trainable) + grads(self.trainable) + datas(self.aux):
+            array.wait_to_read()
+
 
 class Algorithm:
     """Base class; subclasses set the class attributes and override hooks where they differ."""

@@ -319,7 +319,9 @@ class ESync(Algorithm):
         """The last finished exchange's duration (push to the last sum: hidden under
         --overlap when shorter than the round); rank 0 under the planned policy: what it
         reported and which round's plan it sent."""
-        extras = {"exchange_time": round(self.last_comm or 0.0, 6)}
+        extras = {"exchange_time": round(self.last_comm or 0.0, 6),
+                  "exchange_wait": round(self.round_waited, 6),
+                  "aggregation_overhead": round(self.last_overhead, 6)}
         if self.reporter is None or self.reported is None:
             return extras
         return dict(extras, reported_k=self.reported.k, reported_c=self.reported.c,
