@@ -132,12 +132,35 @@ def test_allreduce_time_follows_the_ring_over_the_link_rate(tmp_path, data_dir, 
         assert 1.0 <= links["hosts"][host]["sent"] / counted <= 1.5, (host, links, counted)
 
 
+@needs_netns
+@pytest.mark.timeout(600)
+def test_overlap_hides_the_transfer_behind_the_next_round(tmp_path, data_dir, launchers):
+    # Two workers on 40mbit links: an exchange takes about 1 s (both pulls leave through the
+    # server's link), and each round computes 200 local steps, longer than that. With --overlap the exchange of round r runs
+    # while round r+1 computes, so the time a round does not compute (its wait_time) stays well
+    # under the transfer; without overlap (or with a timer that waits for the whole engine) it
+    # would be the transfer at least.
+    launchers.run(tmp_path, data_dir, "-m", "esync", "--workers", 2, "--slowdown", "1,1",
+                  "-b", 8, "--bandwidth", "40mbit", "--server-bandwidth", "40mbit",
+                  "--local-iters", 200, "--overlap", "--max-rounds", 6, "--max-seconds", 0,
+                  "--no-evaluator")
+    waits, transfers = [], []
+    for rounds in device_logs(tmp_path / "lenet" / "esync").values():
+        for r in rounds[2:-1]:          # settled rounds; the last one waits for its exchange
+            assert r["k"] == 200
+            assert r["compute_time"] > r["exchange_time"], r       # the round can hide it
+            waits.append(r["wait_time"])
+            transfers.append(r["exchange_time"])
+    assert statistics.median(transfers) > 0.4, transfers           # the link is the cost
+    assert statistics.median(waits) < 0.3 * statistics.median(transfers), (waits, transfers)
+
+
 @pytest.fixture(scope="module")
 def async_run(tmp_path_factory, data_dir, module_launchers):
     """ASGD on 3 workers, two sharing host0, every link (ps too) at 20mbit; its mode folder."""
     log_dir = tmp_path_factory.mktemp("async")
     module_launchers.run(log_dir, data_dir, "-m", "async", "--workers", 3, "--hosts", "2,1",
-                         "-b", 8, "--bandwidth", "20mbit", "--server-bandwidth", "20mbit",
+                         "-b", 8, "--bandwidth", "40mbit", "--server-bandwidth", "40mbit",
                          "--max-seconds", 10, "--no-evaluator")
     return log_dir / "lenet" / "async"
 
