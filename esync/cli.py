@@ -11,6 +11,7 @@ One entry point for every role, chosen by ``DMLC_ROLE``:
 Bad values end with one ``error:`` line naming the flag, never a traceback.
 """
 import argparse
+import math
 import os
 import socket
 import sys
@@ -60,9 +61,23 @@ def _speed_schedule(text):
 
 
 def _eval_every(text):
+    """``auto``, a number of rounds, or seconds of training (``5s``) as a float."""
     if text == "auto":
         return text
+    if text.endswith("s"):
+        seconds = typed(float, text[:-1], "'auto', rounds, or seconds such as 5s")
+        if not (seconds > 0 and math.isfinite(seconds)):
+            raise argparse.ArgumentTypeError(f"must be 'auto', rounds, or seconds > 0 such as "
+                                             f"5s, got {text}")
+        return EverySeconds(seconds)
     return positive_int(text)
+
+
+class EverySeconds(float):
+    """-e in seconds of training; spelled ``5s`` again when a launcher passes it on."""
+
+    def __str__(self) -> str:
+        return f"{float(self):g}s"
 
 
 def _epsilon(text):
@@ -100,9 +115,11 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("-ld", "--log-dir", default=config.log_dir,
                    help="logs go to LOG_DIR/NETWORK/MODE/HOST/DEVICE/" + ROUND_LOG_PATTERN)
     g.add_argument("-e", "--eval-duration", type=_eval_every, default=config.eval_duration,
-                   help="evaluate (checkpoint) every this many rounds; 'auto': every round in a "
-                        "cluster, and in -m local as often as keeps scoring the test set to about "
-                        "10%% of the wall time")
+                   help="evaluate (checkpoint) every this many rounds, or every this much "
+                        "training time with an s (5s: the first round ending 5 s or more after "
+                        "the last checkpoint; rounds of different lengths, one grid in time); "
+                        "'auto': every round in a cluster, and in -m local as often as keeps "
+                        "scoring the test set to about 10%% of the wall time")
     g.add_argument("-m", "--mode", default=config.mode, choices=["esync", "sync", "async", "local"],
                    help="synchronization algorithm")
     g.add_argument("-dcasgd", "--use-dcasgd", type=_dcasgd, default=config.use_dcasgd,

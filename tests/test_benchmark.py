@@ -303,7 +303,9 @@ def test_defaults(data_dir, tmp_path, full_launcher):
     args = args_for(data_dir, tmp_path)
     assert (args.target, args.lr_grid, args.repeats, args.budget, args.tune_budget) == (
         0.80, [0.0003, 0.001, 0.003], 3, 40.0, 10.0)
-    assert [a.slug for a in args.aggregation_list] == ["weighted-nesterov0.9-gl0.7", "mean"]
+    assert [a.slug for a in args.aggregation_list] == ["weighted-nesterov0.9-gl0.7-overlap",
+                                                        "mean"]
+    assert [a.slug for a in args.byclass_aggregation_list] == ["fednova-share1", "mean-share1"]
     assert (args.scenario_list, args.emulation, args.cpu_share) == (
         ["static", "shifting"], "auto", None)
     assert plan.sync_cap(args) == 120.0
@@ -313,14 +315,19 @@ def test_defaults(data_dir, tmp_path, full_launcher):
 
 def test_rows_per_aggregation_rule_and_split(data_dir, tmp_path, full_launcher):
     args = args_for(data_dir, tmp_path, "--modes", "esync,sync,local",
-                    "--aggregations", "mean,weighted+nesterov=0.9", "--scenarios", "static")
-    assert [(r.name, r.label) for r in plan.rows(args)] == [
-        ("esync-mean", "ESync (mean)"),
-        ("esync-weighted-nesterov0.9", "ESync (weighted + Nesterov 0.9)"),
-        ("sync", "SSGD"), ("local", "Standalone SGD"),
-        ("esync-mean-niid", "ESync (mean) (non-i.i.d.)"),
-        ("esync-weighted-nesterov0.9-niid", "ESync (weighted + Nesterov 0.9) (non-i.i.d.)"),
-        ("sync-niid", "SSGD (non-i.i.d.)")]
+                    "--aggregations", "mean,weighted+nesterov=0.9", "--scenarios", "static",
+                    "--byclass-aggregations", "fednova,weighted+share=1")
+    # by-class rows take the rules of --byclass-aggregations, each its own tuning group
+    assert [(r.name, r.label, r.group) for r in plan.rows(args)] == [
+        ("esync-mean", "ESync (mean)", "esync-mean"),
+        ("esync-weighted-nesterov0.9", "ESync (weighted + Nesterov 0.9)",
+         "esync-weighted-nesterov0.9"),
+        ("sync", "SSGD", "sync"), ("local", "Standalone SGD", "local"),
+        ("esync-fednova-niid", "ESync (fednova) (non-i.i.d.)", "esync-fednova-niid"),
+        ("esync-weighted-share1-niid", "ESync (weighted, comm. share 1) (non-i.i.d.)",
+         "esync-weighted-share1-niid"),
+        ("sync-niid", "SSGD (non-i.i.d.)", "sync-niid")]
+    assert "--byclass-aggregations fednova,weighted+share=1" in options.canonical_command(args)
 
 
 def test_collectives_give_esync_and_ssgd_rows_an_allreduce_twin_with_their_rate(
@@ -884,8 +891,10 @@ def test_shifting_rows_slow_the_second_fast_device_halfway(data_dir, tmp_path, f
     rows = plan.rows(args)
     shifting = [r for r in rows if r.scenario == "shifting"]
     assert [(r.name, r.group) for r in shifting] == [
-        ("esync-weighted-nesterov0.9-gl0.7-dynamic", "esync-weighted-nesterov0.9-gl0.7"),
-        ("esync-weighted-nesterov0.9-gl0.7-planned", "esync-weighted-nesterov0.9-gl0.7"),
+        ("esync-weighted-nesterov0.9-gl0.7-overlap-dynamic",
+         "esync-weighted-nesterov0.9-gl0.7-overlap"),
+        ("esync-weighted-nesterov0.9-gl0.7-overlap-planned",
+         "esync-weighted-nesterov0.9-gl0.7-overlap"),
         ("sync", "sync"), ("async", "async")]
     lrs = {r.group: 0.001 * (i + 1) for i, r in enumerate(rows)}
     jobs = [j for j in plan.full_jobs(args, tmp_path, rows, plan.settings(args, RATES), lrs)

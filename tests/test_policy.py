@@ -216,6 +216,23 @@ def test_entering_the_current_round_again_changes_nothing(clock):
     assert job.snapshot()["workers"][0]["k"] == 1
 
 
+def test_the_last_worker_of_a_round_others_have_left_is_ready_after_its_iteration(clock):
+    """--overlap: a fast worker goes on into round 2 as soon as it has pushed, before the
+    slowest is ready in round 1. The slowest is then the last of round 1, which everyone waits
+    for: ready after its iteration (not "not ready" because it is not in the current round)."""
+    job = dynamic_job(clock)
+    job.apply(1, 0, 1.0, t=1)          # the slowest starts round 1
+    job.apply(0, 0, 0.1, t=1)
+    clock.advance(0.1)
+    job.apply(0, 1, 0.1, t=1)
+    assert job.apply(0, 0, 0.1, t=2) is False      # rank 0 is in round 2: others left round 1
+    clock.advance(0.5)
+    assert job.apply(1, 1, 1.0, t=1) is True
+    # entering round 2 it starts afresh there: not ready because of round 1's answer
+    assert job.apply(1, 0, 1.0, t=2) is False
+    assert job.snapshot()["workers"][1]["ready"] is False
+
+
 def test_closed_round_records_k_c_compute_and_wait(clock):
     job = dynamic_job(clock)
     job.apply(0, 0, 0.0)

@@ -21,12 +21,16 @@ POLICIES = ("dynamic", "planned", "both")
 NETS = ("loopback", "netns", "both")
 EMULATIONS = ("auto", "cpu-cap", "sleep")
 SCENARIOS = ("static", "shifting")
-# ESync aggregation rows of the default benchmark: the launcher's default rule first (issue
-# 14's prototype: DiLoCo's outer Nesterov momentum 0.9 with an outer learning rate of 0.7 on the
-# k-weighted average; the shifting scenario uses the first rule), then the original's plain
-# mean. fednova (below mean in every earlier report) is left to --aggregations to keep the
+# ESync aggregation rows of the default benchmark (i.i.d. data): the launcher's default first
+# (DiLoCo's outer Nesterov momentum 0.9 with an outer learning rate of 0.7 on the k-weighted
+# average, the exchange overlapped with the next round; the shifting scenario uses the first
+# rule), then the original's plain mean. fednova (below mean in every earlier report) is left to --aggregations to keep the
 # default within its time.
-DEFAULT_AGGREGATIONS = "weighted+nesterov=0.9+gl=0.7,mean"
+DEFAULT_AGGREGATIONS = "weighted+nesterov=0.9+gl=0.7+overlap,mean"
+# ESync rows of the by-class splits: the launcher's rule for -s 1 (fednova, no outer momentum,
+# rounds of one slowest iteration, no overlap: docs/benchmark-byclass) and the original's mean.
+# The i.i.d. rows' outer Nesterov momentum ends at chance on -s 1.
+DEFAULT_BYCLASS_AGGREGATIONS = "fednova+share=1,mean+share=1"
 # -l/-ll are lr x the gradient SUMMED over the batch (the original's meaning): 0.05 on the batch
 # mean at -b 64 is 0.00078 summed. Three values a factor ~3.3 apart around it.
 DEFAULT_LR_GRID = "0.0003,0.001,0.003"
@@ -166,7 +170,7 @@ class Aggregation:
 _PART = re.compile(r"(nesterov|momentum|gl|share|prox)=([0-9.eE+-]+)")
 
 
-def parse_aggregations(text: str) -> list[Aggregation]:
+def parse_aggregations(text: str, flag: str = "--aggregations") -> list[Aggregation]:
     """``"mean,fednova,weighted+nesterov=0.9+gl=0.7"`` -> one ``Aggregation`` per ESync row."""
     found = []
     for item in (t.strip() for t in text.split(",")):
@@ -174,7 +178,7 @@ def parse_aggregations(text: str) -> list[Aggregation]:
             continue
         rule, *extras = item.split("+")
         if rule not in AGGREGATION_RULES:
-            raise UsageError(f"argument --aggregations: {rule!r} in {item!r} is not a rule; "
+            raise UsageError(f"argument {flag}: {rule!r} in {item!r} is not a rule; "
                              f"choose from {', '.join(AGGREGATION_RULES)}, e.g. "
                              f"{DEFAULT_AGGREGATIONS!r}")
         fields = {"rule": rule}
@@ -186,7 +190,7 @@ def parse_aggregations(text: str) -> list[Aggregation]:
             value = _float_or_none(match.group(2)) if match else None
             if value is None or value < 0 or (match.group(1) in ("gl", "share") and value == 0) \
                     or (match.group(1) == "share" and value > 1):
-                raise UsageError(f"argument --aggregations: {extra!r} in {item!r} is not "
+                raise UsageError(f"argument {flag}: {extra!r} in {item!r} is not "
                                  "nesterov=M, momentum=M, gl=G, share=S (0 < S <= 1), "
                                  "prox=MU, overlap or scaffold, with numbers M, MU >= 0, G > 0")
             if match.group(1) == "gl":
@@ -201,7 +205,7 @@ def parse_aggregations(text: str) -> list[Aggregation]:
         if agg not in found:
             found.append(agg)
     if not found:
-        raise UsageError(f"argument --aggregations: give at least one rule, e.g. "
+        raise UsageError(f"argument {flag}: give at least one rule, e.g. "
                          f"{DEFAULT_AGGREGATIONS!r}")
     return found
 
@@ -289,6 +293,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ESync rows, one per item: RULE[+nesterov=M|+momentum=M][+gl=G][+share=S]"
                         "[+overlap][+prox=MU][+scaffold] with "
                         "RULE one of " + ", ".join(AGGREGATION_RULES))
+    r.add_argument("--byclass-aggregations", default=DEFAULT_BYCLASS_AGGREGATIONS,
+                   help="ESync rows of the by-class data splits, as --aggregations (default: "
+                        "the launcher's -s 1 rule, fednova without outer momentum, and the "
+                        "original's mean, both with rounds of one slowest iteration)")
     r.add_argument("--collectives", default="ps",
                    help="comma-separated: ps (the parameter server) and allreduce (Horovod's "
                         "ring; ESync and SSGD rows only, tuned with their ps rows' rate): "
@@ -356,6 +364,8 @@ def parse_args(argv) -> argparse.Namespace:
     args.mode_list = parse_modes(args.modes)
     args.slowdowns = slowdown_factors(args.slowdown, args.workers)
     args.aggregation_list = parse_aggregations(args.aggregations)
+    args.byclass_aggregation_list = parse_aggregations(args.byclass_aggregations,
+                                                       "--byclass-aggregations")
     args.collective_list = parse_collectives(args.collectives)
     args.lr_grid = parse_lr_grid(args.tune_lr)
     args.scenarios_given = args.scenarios is not None
@@ -443,7 +453,8 @@ def check_launcher_support(args) -> None:
     flags = launcher_flags()
     args.aggregation_flags = "--aggregation" in flags
     if not args.aggregation_flags and "esync" in args.mode_list and any(
-            not a.is_plain_mean for a in args.aggregation_list):
+            not a.is_plain_mean for a in args.aggregation_list
+            + (args.byclass_aggregation_list if any(args.splits) else [])):
         raise UsageError("argument --aggregations: this checkout's esync-cluster has no "
                          "--aggregation option; use --aggregations mean")
     if args.collective_list != ["ps"]:
@@ -528,6 +539,8 @@ def canonical_command(args) -> str:
             "--server-bandwidth", args.server_bandwidth,
             "--budget", f"{args.budget:g}", "--modes", ",".join(args.mode_list),
             "--aggregations", ",".join(_aggregation_text(a) for a in args.aggregation_list),
+            "--byclass-aggregations", ",".join(_aggregation_text(a)
+                                               for a in args.byclass_aggregation_list),
             "--collectives", ",".join(args.collective_list),
             "--data", args.data, "--repeats", str(args.repeats),
             "--scenarios", args.scenarios,

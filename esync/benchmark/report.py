@@ -530,7 +530,9 @@ def render(args, *, jobs: list[Job], tune_jobs: list[Job], results: dict,
           "budget would have stopped); the evaluator scores every checkpoint off the workers' path "
           "(a checkpoint every 10 rounds of esync and sync, every 40 iterations of rank 0 in "
           "async and dcasgd: about as often in time)",
-          f"- ESync rows: one per aggregation rule ({', '.join(a.label for a in args.aggregation_list)}); "
+          f"- ESync rows: one per aggregation rule ({', '.join(a.label for a in args.aggregation_list)}"
+          + (f"; on by-class data {', '.join(a.label for a in args.byclass_aggregation_list)}"
+             if any(args.splits) else "") + "); "
           f"state-server policy {args.policy}",
           "- standalone SGD (`local`): `main.py -m local` on one ×1 device, evaluated every "
           f"{args.local_eval_every} iterations; its budget is training time "
@@ -691,6 +693,7 @@ def write_outputs(args, text: str, *, jobs, tune_jobs, results, tuning, shaping,
                    "budget_s": args.budget, "sync_cap_s": sync_cap(args),
                    "modes": args.mode_list, "niid": args.niid, "splits": args.splits,
                    "aggregations": [a.slug for a in args.aggregation_list],
+                   "byclass_aggregations": [a.slug for a in args.byclass_aggregation_list],
                    "repeats": args.repeats,
                    "seeds": [args.seed + i for i in range(args.repeats)],
                    "scenarios": args.scenario_list, "policy": args.policy,

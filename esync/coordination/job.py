@@ -184,6 +184,11 @@ class JobState:
             self._record_report(me, k, c, now)
             self._record_comm(me, d)
             self._dirty.add(rank)
+            if me.round < self.current_round:
+                # Others have left this worker's round: with --overlap a worker goes on into
+                # the next round as soon as it has pushed. This one is the last of its round
+                # (everyone else waits for its push): ready after its iteration.
+                return self._become_ready(me) if k > 0 else NOT_READY
             s = self._slowest()
             slow = self._workers[s]
             in_round = slow.round == self.current_round
@@ -468,6 +473,7 @@ class JobState:
                 worker.ready = False
             self._dirty.update(range(self.num_workers))
         record = self._close_round(rank, me, now)
+        me.k, me.ready = 0, False          # told "ready" in a round the others had left
         me.round_k, me.round_compute, me.planned_k = 0, 0.0, None
         me.round_start = now
         me.started = False

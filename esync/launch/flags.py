@@ -31,7 +31,7 @@ CLUSTER_LR = 0.05 / 64
 CLUSTER_DEFAULTS = dict(network="lenet", cpu=1, learning_rate=CLUSTER_LR, local_lr=CLUSTER_LR,
                         eval_duration=10, max_seconds=90.0, mode="esync",
                         aggregation=None, outer_momentum=None, nesterov=None, global_lr=None,
-                        comm_share=None, max_round_seconds=5.0)
+                        comm_share=None, max_round_seconds=5.0, overlap=None)
 # ESync's aggregation by data split, each the best ESync row of a 3-repeat benchmark:
 # - i.i.d. (docs/benchmark/report.md): deltas weighted by k_i, DiLoCo's outer Nesterov momentum
 #   0.9 and outer learning rate 0.7;
@@ -48,6 +48,10 @@ AGGREGATION_BY_SPLIT = {
 # every extra local step on one device's classes is drift (FedAvg's local-epochs trade-off; a
 # 2-worker -s 1 cluster test fell to chance with stretched rounds).
 COMM_SHARE_IID, COMM_SHARE_BY_CLASS = 0.1, 1.0
+# --overlap by data split: on i.i.d. shards the exchange runs while the next round computes
+# (docs/benchmark/report.md: it computes more of the time on loopback and on shaped links); on
+# by-class shards a one-round-late aggregate is one more round of drift, so it stays off.
+OVERLAP_IID, OVERLAP_BY_CLASS = True, False
 STATE_SERVER_RESTARTS = 3        # a state server that keeps dying is a failure, not a blip
 DEFAULT_SLOWDOWN = "1,1,4,8"      # the emulated cluster: two fast, one 4x, one 8x slower
 LOCAL_ADDRESS = "127.0.0.1"       # the local backend's one host
@@ -105,6 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
         f"share of a round (default by data split: {COMM_SHARE_IID:g} on i.i.d. data, "
         f"{COMM_SHARE_BY_CLASS:g} (rounds of one slowest iteration) with -s 1 or -s 2, where "
         "longer rounds are more drift)")
+    parser._option_string_actions["--overlap"].help += (
+        f" (default by data split: {'on' if OVERLAP_IID else 'off'} on i.i.d. data, "
+        f"{'on' if OVERLAP_BY_CLASS else 'off'} with -s 1 or -s 2)")
     local_iters = parser._option_string_actions["--local-iters"]
     local_iters.type, local_iters.default = local_iters_list, ()
     local_iters.help = ("fixed local iterations per round, bypassing the state server: one "
@@ -199,6 +206,8 @@ def parse(parser, argv) -> argparse.Namespace:
                              f"--backend local, not --backend {args.backend}")
     if args.comm_share is None:
         args.comm_share = COMM_SHARE_BY_CLASS if args.split_by_class else COMM_SHARE_IID
+    if args.overlap is None:
+        args.overlap = OVERLAP_BY_CLASS if args.split_by_class else OVERLAP_IID
     _aggregation_for_split(args)
     if args.slowdown_list is None:
         args.slowdown_list = DEFAULT_SLOWDOWN if args.workers == 4 else "1"

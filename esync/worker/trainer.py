@@ -249,6 +249,7 @@ class TrainingLoop:
             self.test_set = data.load_fashion_mnist(self.args.data_dir, "test")
             self.scores = ScoreReport(self.args, prefix=self.prefix)
         self.last_eval = None          # (training seconds when scored, seconds the scoring took)
+        self.due = (0.0, 0)            # (training seconds, round) of the last round due, -e Ns
         self.scalars = (TrainingScalars(self.args.tensorboard)
                         if self.args.tensorboard and worker.rank == 0 else None)
         self.diverged = False          # said once that the loss is no longer a number
@@ -441,7 +442,7 @@ class TrainingLoop:
         if stop:
             return True
         if self.args.eval_duration != "auto":
-            return round_no % self.args.eval_duration == 0
+            return self._checkpoint_due(round_no, elapsed)
         if self.last_eval is None:
             return True               # the first round: where the accuracy curve starts
         scored_at, took = self.last_eval
@@ -463,10 +464,23 @@ class TrainingLoop:
         self.scores.add(round_no, training_seconds=elapsed, accuracy=acc)
         return acc
 
+    def _checkpoint_due(self, round_no: int, elapsed: float) -> bool:
+        """-e N: every N rounds; -e Ns (a float): the first round ending N seconds of training
+        or more after the last one due (rounds of any length give one grid in time)."""
+        every = self.args.eval_duration
+        if isinstance(every, int):
+            return round_no % every == 0
+        if round_no == self.due[1]:
+            return True                    # asked again about the same round
+        if elapsed - self.due[0] < every:
+            return False
+        self.due = (elapsed, round_no)
+        return True
+
     def _checkpoint(self, round_no: int, elapsed: float, samples: int, stop: bool) -> None:
         if self.store is None or self.w.rank != 0:
             return
-        if round_no % self.args.eval_duration == 0 or stop:
+        if self._checkpoint_due(round_no, elapsed) or stop:
             shared = self.algo.global_model()
             arrays = {name: (shared[id(p)] if id(p) in shared else p.data()).asnumpy()
                       for name, p in models.named_parameters(self.w.net).items()}
