@@ -66,13 +66,17 @@ def network_section(args, settings: list[Setting], shaping: dict | None) -> list
           "about ten times higher, which barely throttles a small network here: the loopback "
           "setting stands for that kind of cluster.)"]
     if measured:
-        m_mb, t_ms = measured["model_bytes"] / 1e6, measured["compute_s"] * 1e3
+        m_mb, free_ms = measured["model_bytes"] / 1e6, measured["compute_s"] * 1e3
+        share = shaping.get("x1_share")
+        t_ms = shaping.get("device_s", measured["compute_s"]) * 1e3
         bit_s = shaping["derived_bit_s"]
         gbit_ms = 8 * measured["model_bytes"] / 1e9 * 1e3
         L += ["", f"Here, `{args.network}` has {m_mb:.3g} MB of trainable parameters (float32) "
-              f"and one device computes an iteration of batch {args.batch_size} in "
-              f"{t_ms:.1f} ms (median over timed iterations, one thread, measured when this "
-              "benchmark started, on this machine with whatever else ran then). The matching "
+              f"and one free core computes an iteration of batch {args.batch_size} in "
+              f"{free_ms:.1f} ms (median over timed iterations, one thread, measured when this "
+              "benchmark started, on this machine with whatever else ran then)"
+              + (f"; a ×1 device, capped at {share:.3g} of a core, takes {t_ms:.1f} ms"
+                 if share else "") + ". The matching "
               f"rate makes one transfer cost {ratio:.2f} × {t_ms:.1f} ms: "
               f"8 × {m_mb:.3g} MB / ({ratio:.2f} × {t_ms:.1f} ms) = {bit_s / 1e6:.0f} Mbit/s, "
               f"used as `{shaping['derived']}` for each worker host's link and for the "

@@ -9,7 +9,8 @@ one transfer of the model costs ``RATIO = 374 / 60 = 6.2`` iterations of compute
 
 Here the model is the benchmark's network (lenet by default) and one device computes an
 iteration in ``t`` seconds (measured below: one thread, the benchmark's batch size, forward,
-backward and update). The matching rate makes one transfer of the model's ``M`` bytes cost the
+backward and update, divided by the x1 device's share of a core when the cluster runs under CPU
+caps: the emulated device, not the free core, is what the link is matched to). The matching rate makes one transfer of the model's ``M`` bytes cost the
 same multiple of ``t``: ``rate = 8 M / (RATIO t)`` bit/s, for each worker host's link and for
 the server's link (shared by every worker's pulls, as in the reference cluster). For lenet
 (1.7 MB) at 20 ms per iteration that is about 110 Mbit/s.
@@ -100,13 +101,28 @@ def rate_bit_s(text: str) -> float:
     return float(text)
 
 
+def x1_share(args) -> float | None:
+    """The share of a core a x1 device computes with when the cluster runs under CPU caps;
+    None when it will emulate by sleeping (a x1 worker then computes on a free core)."""
+    if getattr(args, "emulation", "sleep") == "sleep":
+        return None
+    from esync.benchmark.emulation import standalone_share
+    try:
+        return standalone_share(args)
+    except RuntimeError:
+        return None
+
+
 def derive(args) -> dict:
     """The rates of the shaped setting, and what they came from (for the report)."""
     found = {"reference": REFERENCE, "ratio": RATIO, "measured": None}
     if args.bandwidths is None or args.server_rate is None:
         found["measured"] = measure_in_subprocess(args.network, args.batch_size)
-        bit_s = matching_rate_bit_s(found["measured"]["model_bytes"],
-                                    found["measured"]["compute_s"])
+        # The cluster's x1 device is a CPU-capped worker: its iteration takes the free one's
+        # time / its share of a core (without caps, the free one's).
+        found["x1_share"] = x1_share(args)
+        found["device_s"] = found["measured"]["compute_s"] / (found["x1_share"] or 1.0)
+        bit_s = matching_rate_bit_s(found["measured"]["model_bytes"], found["device_s"])
         found["derived_bit_s"] = bit_s
         found["derived"] = tc_rate(bit_s)
     found["worker"] = args.bandwidths or [found["derived"]]
