@@ -67,9 +67,11 @@ def original_sync(reps, steps=STEPS, lr=LR):
     return reps[0].values()
 
 
-# The original's aggregation, whatever the launcher's defaults: plain mean, no outer momentum.
+# The original's aggregation, whatever the launcher's defaults: plain mean, no outer momentum,
+# each round's exchange waited for before the next round (the launcher overlaps on i.i.d. data).
 NO_OUTER_MOMENTUM = ("--outer-momentum", 0, "--no-nesterov")
-ORIGINAL_MEAN = ("--aggregation", "mean", *NO_OUTER_MOMENTUM)
+ORIGINAL_ROUNDS = ("--no-overlap",)
+ORIGINAL_MEAN = ("--aggregation", "mean", *NO_OUTER_MOMENTUM, *ORIGINAL_ROUNDS)
 
 
 def original_esync(reps, rounds, local_iters, local_lr, global_lr=1.0):
@@ -143,8 +145,8 @@ def test_two_worker_sync_equals_the_original_sync_step(tmp_path, small_data):
 
 def test_esync_with_one_local_step_and_unit_global_lr_equals_ssgd(tmp_path, small_data):
     """Every k_i = 1, so the rules cannot differ here: the unequal-k test below checks them."""
-    run_cluster(tmp_path, small_data, "-m", "esync", "--local-iters", 1, "-gl", 1, *NO_OUTER_MOMENTUM,
-                "--aggregation", "mean", "--workers", 2, "--slowdown", "1", "-ll", LR,
+    run_cluster(tmp_path, small_data, "-m", "esync", "--local-iters", 1, "-gl", 1, *ORIGINAL_MEAN,
+                "--workers", 2, "--slowdown", "1", "-ll", LR,
                 "-b", BATCH, "--max-rounds", STEPS, "-e", 1, "--max-seconds", 0, "--seed", SEED,
                 "--no-evaluator")
     assert_same_model(final_checkpoint(tmp_path / "lenet" / "esync"),
@@ -193,7 +195,7 @@ def test_esync_rule_with_unequal_k_is_the_pure_rule_on_the_workers_deltas(
     run_cluster(tmp_path, small_data, "-m", "esync", "--policy", "planned", "--workers", 2,
                 "--slowdown", "1,3", "--aggregation", rule, "--outer-momentum", momentum,
                 "--nesterov" if nesterov else "--no-nesterov", "-gl", OUTER_GL, "-ll", LR,
-                "-b", BATCH, "--max-rounds", UNEQUAL_ROUNDS, "-e", 1, "--max-seconds", 0,
+                *ORIGINAL_ROUNDS, "-b", BATCH, "--max-rounds", UNEQUAL_ROUNDS, "-e", 1, "--max-seconds", 0,
                 "--seed", SEED, "--no-evaluator", env={"ESYNC_DUMP_PUSHES": str(dumps)})
     store = CheckpointStore(tmp_path / "lenet" / "esync" / "checkpoints")
     models_, buffers = {}, {}
@@ -405,10 +407,12 @@ def test_esync_weighted_aggregation_with_nesterov_momentum_trains(tmp_path, fash
 def test_resume_continues_with_the_outer_momentum(tmp_path, fashion_dir_factory):
     """Each worker's batch is its whole shard, so every round sees the same data whatever the
     stream's position: the resumed run's rounds 3-4 equal the uninterrupted run's only when the
-    momentum buffers come back from the checkpoint (on every worker)."""
+    momentum buffers come back from the checkpoint (on every worker). Exchange-then-compute
+    rounds: with overlap the in-flight exchange of the checkpointed round is not part of the
+    checkpoint (a restart loses it, as it loses the rounds after the checkpoint)."""
     data_dir = fashion_dir_factory(train_per_class=4, test_per_class=2)    # 20 images per worker
     common = ["-m", "esync", "--local-iters", 2, "--outer-momentum", 0.9, "--nesterov",
-              "-gl", 0.7, "--workers", 2, "--slowdown", "1", "-ll", 0.002, "-b", 20, "-e", 1,
+              *ORIGINAL_ROUNDS, "-gl", 0.7, "--workers", 2, "--slowdown", "1", "-ll", 0.002, "-b", 20, "-e", 1,
               "--max-seconds", 0, "--seed", SEED, "--no-evaluator"]
     run_cluster(tmp_path / "whole", data_dir, *common, "--max-rounds", 4)
     run_cluster(tmp_path / "resumed", data_dir, *common, "--max-rounds", 2)
@@ -422,9 +426,11 @@ PLANNED_MAX_ROUND = 2.0     # stretched rounds bounded at 2 s (the launcher's 5 
 
 @pytest.fixture(scope="module")
 def planned_run(tmp_path_factory, small_data):
-    """{rank: round logs} of a 4-worker ESync run with the planned policy (1x, 1x, 2x, 4x)."""
+    """{rank: round logs} of a 4-worker ESync run with the planned policy (1x, 1x, 2x, 4x),
+    exchange-then-compute rounds (a round's log then reports that round's exchange)."""
     log_dir = tmp_path_factory.mktemp("planned")
-    run_cluster(log_dir, small_data, "-m", "esync", "--policy", "planned", "--workers", 4,
+    run_cluster(log_dir, small_data, "-m", "esync", "--policy", "planned", *ORIGINAL_ROUNDS,
+                "--workers", 4,
                 "--slowdown", "1,1,2,4", "-b", 16, "--max-rounds", 14, "-e", 14,
                 "--max-round-seconds", PLANNED_MAX_ROUND, "--max-seconds", 0,
                 "--no-evaluator", timeout=400)

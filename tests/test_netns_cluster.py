@@ -160,7 +160,7 @@ def async_run(tmp_path_factory, data_dir, module_launchers):
     """ASGD on 3 workers, two sharing host0, every link (ps too) at 20mbit; its mode folder."""
     log_dir = tmp_path_factory.mktemp("async")
     module_launchers.run(log_dir, data_dir, "-m", "async", "--workers", 3, "--hosts", "2,1",
-                         "-b", 8, "--bandwidth", "40mbit", "--server-bandwidth", "40mbit",
+                         "-b", 8, "--bandwidth", "20mbit", "--server-bandwidth", "20mbit",
                          "--max-seconds", 10, "--no-evaluator")
     return log_dir / "lenet" / "async"
 
