@@ -11,6 +11,7 @@ import pytest
 
 import config
 from esync import cli
+from esync.common.errors import UsageError
 from esync.worker.data import FASHION_FILES
 from esync.worker.models import NETWORKS
 
@@ -244,3 +245,27 @@ def test_allreduce_worker_without_horovods_variables_says_how_to_start_it(main_p
                       prefix=r"main\.py: error: ")
     assert "HOROVOD_RANK" in line and "horovodrun --gloo" in line and "esync-cluster" in line
 
+
+
+def test_eval_in_seconds_of_training_is_passed_on_as_written():
+    every = cli.parse_args(["-m", "esync", "-e", "4s"]).eval_duration
+    assert every == 4.0 and str(every) == "4s"          # a launcher hands "4s" to its workers
+    assert isinstance(cli.parse_args(["-e", "2.5s"]).eval_duration, float)
+
+
+@pytest.mark.parametrize("value", ["0s", "xs", "nans", "s"])
+def test_bad_eval_seconds_are_one_clear_error(value):
+    with pytest.raises(UsageError) as exc:
+        cli.parse_args(["-e", value])
+    assert "-e/--eval-duration" in str(exc.value) and "seconds" in str(exc.value)
+
+
+def test_checkpoints_every_n_seconds_fall_on_the_first_round_past_each_interval():
+    from types import SimpleNamespace
+    from esync.worker.trainer import TrainingLoop
+    loop = SimpleNamespace(args=SimpleNamespace(eval_duration=cli.EverySeconds(4.0)),
+                           due=(0.0, 0))
+    due = [r for r, t in enumerate([1.5, 3.0, 4.5, 6.0, 7.0, 8.6, 9.0, 13.0], start=1)
+           if TrainingLoop._checkpoint_due(loop, r, t)]
+    assert due == [3, 6, 8]                 # at 4.5 s, 8.6 s (>= 4.5 + 4), 13 s
+    assert TrainingLoop._checkpoint_due(loop, 8, 13.0)     # asked again: the same answer

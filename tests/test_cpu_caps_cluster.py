@@ -148,6 +148,38 @@ def test_ctrl_c_removes_the_cgroups(tmp_path, fashion_data_dir):
 
 
 @ROOT_ONLY
+def test_the_cap_holds_a_workers_compute_and_not_its_communication(tmp_path, fashion_data_dir):
+    """While a capped job trains, each worker's busiest threads (Python's, MXNet's engine) are
+    in its device's group, and the threads ps-lite and ZeroMQ started are not (cgroup v1 places
+    threads one by one; on v2 the whole process is capped, as its log says)."""
+    controller = _controller_or_skip()
+    launchers = Launchers(tmp_path)
+    try:
+        proc = _start(tmp_path, fashion_data_dir, launchers, "--max-seconds", 120)
+        groups = _wait_for_groups(controller, proc)
+        wait_for_rounds(proc, tmp_path / "logs" / "lenet" / "sync", 3)
+        group = groups[0] / "cpu1"
+        pid = int(group.joinpath("cgroup.procs").read_text().split()[0])
+        inside = {int(t) for t in group.joinpath("tasks").read_text().split()} \
+            if controller.version == 1 else None
+        threads = {int(t.name): int(t.joinpath("stat").read_text().rsplit(")", 1)[1].split()[11])
+                   for t in Path(f"/proc/{pid}/task").iterdir()}       # tid -> user ticks
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+        log = (tmp_path / "logs" / "lenet" / "sync" / "processes" / "worker-cpu1.log").read_text()
+        if controller.version != 1:
+            assert "(every thread)" in log
+            return
+        assert "(compute threads)" in log
+        busiest = max(threads, key=threads.get)
+        assert pid in inside and busiest in inside, (threads, inside)
+        outside = set(threads) - inside
+        assert len(outside) >= 2, (threads, inside)      # ps-lite's and ZeroMQ's threads
+    finally:
+        launchers.remove_all()
+
+
+@ROOT_ONLY
 def test_the_next_run_removes_what_a_sigkilled_launcher_left(tmp_path, fashion_data_dir):
     controller = _controller_or_skip()
     launchers = Launchers(tmp_path)
