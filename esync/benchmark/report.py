@@ -17,7 +17,7 @@ from esync.common import modes
 from esync.benchmark import stats
 from esync.benchmark.emulation import describe as describe_emulation
 from esync.benchmark.options import canonical_command
-from esync.benchmark.plan import SHIFTING, Job, Setting, display_argv, sync_cap
+from esync.benchmark.plan import CLUSTER_EVAL, SHIFTING, Job, Setting, display_argv, sync_cap
 from esync.benchmark.runs import tail
 from esync.benchmark.shaping import rate_bit_s
 from esync.benchmark.stats import speedup_cell, time_cell, value_cell
@@ -532,8 +532,8 @@ def render(args, *, jobs: list[Job], tune_jobs: list[Job], results: dict,
           f"{args.target:.2f} or {sync_cap(args):g} s (Table 1; the other tables use their "
           "records up to the first checkpoint at or after the budget, where a run with the "
           "budget would have stopped); the evaluator scores every checkpoint off the workers' path "
-          "(a checkpoint every 10 rounds of esync and sync, every 40 iterations of rank 0 in "
-          "async and dcasgd: about as often in time)",
+          f"(a checkpoint every {CLUSTER_EVAL} of training in every cluster mode: one grid "
+          "in time, whatever a round lasts)",
           f"- ESync rows: one per aggregation rule ({', '.join(a.label for a in args.aggregation_list)}"
           + (f"; on by-class data {', '.join(a.label for a in args.byclass_aggregation_list)}"
              if any(args.splits) else "") + "); "
