@@ -95,12 +95,16 @@ class Worker:
     samples_this_round: int = 0
     batch_samples: int = 0           # samples of the local iteration under way (the last
                                      # batch of a -s 1 pass is smaller)
+    _model_arrays: Optional[list] = field(default=None, repr=False, compare=False)
 
     def settle(self) -> None:
         """Wait until the model (weights, gradients, batch-norm statistics) holds every value
         queued for it: what a phase timer must include, without waiting for an exchange that
-        runs beside the computation (``esync.worker.measure``)."""
-        for array in datas(self.trainable) + grads(self.trainable) + datas(self.aux):
+        runs beside the computation (``esync.worker.measure``). The arrays are looked up once:
+        training writes into them in place, and this runs twice per phase."""
+        if self._model_arrays is None:
+            self._model_arrays = datas(self.trainable) + grads(self.trainable) + datas(self.aux)
+        for array in self._model_arrays:
             array.wait_to_read()
 
 
