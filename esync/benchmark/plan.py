@@ -357,15 +357,11 @@ def job_argv(args, row: Row, setting: Setting, lr: float, root: Path, budget: fl
         argv += ["-dcasgd", str(mode.dcasgd)]
     argv += ["--workers", str(args.workers),
              "--slowdown", ",".join(f"{f:g}" for f in args.slowdowns), *common,
-             "-e", _eval_every(row), *row.extra]
+             "-e", CLUSTER_EVAL, *row.extra]
     if row.split:
         argv += ["-s", str(row.split)]
     argv += list(getattr(args, "emulation_argv", []))
     return argv + [*setting.argv, "--quiet"]
-
-
-def _eval_every(row: Row) -> str:
-    return CLUSTER_EVAL
 
 
 def child_env(job_or_mode) -> dict:
