@@ -112,8 +112,9 @@ def describe_plan(args, tune_jobs, jobs, settings) -> list[str]:
     extended = sum(1 for j in first if j.extended)
     L.append(f"plan: {len(jobs)} full run(s): {args.repeats} repeat(s) (seeds {seeds}) × "
              f"{len(first)} ({per}) of {args.budget:g} s"
-             + (f"; SSGD's {extended} i.i.d. run(s) per repeat until {args.target:.2f} or "
-                f"{plan.sync_cap(args):g} s" if extended else ""))
+             + (f"; SSGD's {extended} i.i.d. run(s) per repeat until "
+                f"{max(args.target, args.table1_target):.2f} or {plan.sync_cap(args):g} s"
+                if extended else ""))
     est = plan.estimate(tune_jobs + jobs)
     o = plan.OVERHEAD_S
     fixed, share = plan.STANDALONE_OVERHEAD_S

@@ -116,13 +116,13 @@ def link_metrics(links: dict | None, rounds: int) -> dict:
 
 
 def run_metrics(summary: dict, limit: dict, *, standalone: bool, target: float | None = None,
-                horizon: float | None = None, switch: float | None = None,
+                table1_target: float | None = None, horizon: float | None = None, switch: float | None = None,
                 links: dict | None = None) -> dict:
     """The report's figures for one run, straight from its summary.
 
     ``horizon``: a run that went on past the common budget (SSGD for Table 1) is judged on its
     records up to its first at or after the budget (time to target, final accuracy: see
-    ``accuracy_until``), and on all of them for ``time_to_target_uncut``. Throughput and traffic
+    ``accuracy_until``), and on all of them for the ``_uncut`` times. Throughput and traffic
     are whole-run figures (steady state).
     """
     t = cluster_totals(summary)
@@ -157,6 +157,8 @@ def run_metrics(summary: dict, limit: dict, *, standalone: bool, target: float |
         "final_accuracy": cut[1][-1] if cut and cut[1] else None,
         "time_to_target": _time_to(cut, target),
         "time_to_target_uncut": _time_to(whole, target),
+        "time_to_table1": _time_to(cut, table1_target),
+        "time_to_table1_uncut": _time_to(whole, table1_target),
         "horizon": horizon,
         # when the records the tables use end, and when the run's records end (figures)
         "cut_s": cut[0][-1] if cut and cut[0] else None,
@@ -242,6 +244,7 @@ def results(args, jobs: list[Job], setting_names: list[str], *,
                     continue
                 per_rep[n].append(run_metrics(
                     run[n], limits[i], standalone=kind[n].standalone, target=args.target,
+                    table1_target=args.table1_target,
                     horizon=args.budget if job is not None and job.extended else None,
                     switch=switch, links=read_links(job.folder) if job is not None else None))
         entry = {"scenario": scenario, "runs": runs, "names": names, "limits": limits,

@@ -330,7 +330,8 @@ def _job(args, row, setting, rep, lr, root, budget, log, extended=False) -> Job:
     mode = modes.get(row.mode)
     folder = root / args.network / modes.folder_name(mode.cli_mode, mode.dcasgd, row.split)
     seed = args.seed + max(rep, 1) - 1
-    target = args.target if extended else None      # SSGD stops once it reaches the target
+    # SSGD stops once it has reached both targets (the comparisons' and Table 1's)
+    target = max(args.target, args.table1_target) if extended else None
     return Job(row=row, setting=setting, rep=rep, lr=lr, root=root, folder=folder,
                argv=job_argv(args, row, setting, lr, root, budget, seed=seed,
                              target_accuracy=target),
