@@ -150,6 +150,24 @@ class OuterOptimizer:
             return delta + self.momentum * new_buffer, new_buffer
         return new_buffer, new_buffer
 
+    def update(self, start, delta, buffer, global_lr: float = 1.0) -> None:
+        """``start <- apply_step(start, step, gl)`` and the buffer, in place.
+
+        The same products and sums in the same order as ``step`` and ``apply_step`` (so the
+        same bits), with at most two new arrays instead of seven: on a device capped at a
+        twelfth of a core the outer step was about a third of its round."""
+        step = delta
+        if self.has_state:
+            buffer *= self.momentum
+            buffer += delta                       # m * buffer + delta
+            step = buffer
+            if self.nesterov:
+                step = buffer * self.momentum
+                step += delta                     # delta + m * new buffer
+        if global_lr != 1.0:
+            step = step * global_lr               # never scales the buffer or the delta
+        start += step
+
 
 def apply_step(start, step, global_lr: float = 1.0):
     """``start + gl * step``: the next global model."""

@@ -266,11 +266,8 @@ class ESync(Algorithm):
 
     def _move_to_aggregate(self, scale: float) -> None:
         """g <- g + gl * outer_step(scale * pulled sum); every worker computes the same."""
-        for i, (start, total) in enumerate(zip(self.start, self.delta_sum)):
-            step, buffer = self.outer.step(total * scale, self.momentum[i])
-            if buffer is not None:
-                self.momentum[i][:] = buffer
-            start[:] = aggregate.apply_step(start, step, self.config.global_lr)
+        for start, total, buffer in zip(self.start, self.delta_sum, self.momentum):
+            self.outer.update(start, total * scale, buffer, self.config.global_lr)
 
     def _continue_from(self, own_deltas) -> None:
         """The next round starts at g (None) or, with overlap, at g + this worker's own delta;
@@ -278,7 +275,7 @@ class ESync(Algorithm):
         for i, (p, start, begin) in enumerate(zip(self.worker.trainable, self.start,
                                                   self.round_start)):
             if own_deltas is not None:
-                begin[:] = start + own_deltas[i]
+                nd.elemwise_add(start, own_deltas[i], out=begin)
             elif begin is not start:
                 begin[:] = start
             p.set_data(begin)
