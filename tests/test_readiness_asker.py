@@ -117,3 +117,26 @@ def test_the_lease_counts_from_the_answer_not_from_the_question():
     clock.now = asked + 0.02 + 0.095                  # the next one would end after the lease
     asker.continue_local(10, 0.01, 1)
     assert server.calls == 2
+
+
+def test_every_question_leaves_through_the_given_caller():
+    """ESync hands the asker a caller that runs each question on a thread outside the device's
+    CPU cap; every question, and only questions, must go through it, answers unchanged."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    clock = Clock()
+    job = JobState(num_workers=2, epsilon=0.0, policy="dynamic", clock=clock)
+    server = InProcessServer(job)
+    threads = []
+    with ThreadPoolExecutor(1) as pool:
+        def call(fn, *args):
+            threads.append(pool.submit(threading.get_ident).result())
+            return pool.submit(fn, *args).result()
+        workers = {0: (ReadinessAsker(server, 0, clock=clock, call=call), 0.01),
+                   1: (ReadinessAsker(server, 1, clock=clock, call=call), 0.05)}
+        for t in range(1, 4):
+            ks = run_round(clock, job, workers, t)
+    assert ks == {0: 5, 1: 1}
+    assert len(threads) == len(server.calls) > 0
+    assert set(threads) == {threads[0]} and threads[0] != threading.get_ident()

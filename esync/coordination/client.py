@@ -273,8 +273,9 @@ class ReadinessAsker:
       millisecond on a LAN), far inside the ``c_i / N`` overshoot the automatic slack accepts.
     """
 
-    def __init__(self, client: StateClient, rank: int, *, clock=time.perf_counter):
+    def __init__(self, client: StateClient, rank: int, *, clock=time.perf_counter, call=None):
         self.client, self.rank, self.clock = client, rank, clock
+        self.call = call or (lambda fn, *args: fn(*args))   # how a question is sent
         self.lease_ends = 0.0
         self.last_round_k = 1           # before round 1 nothing is known: ask at k = 0
         self.comm = None                # the last exchange's communication time, sent once
@@ -289,11 +290,12 @@ class ReadinessAsker:
         elif self.clock() + last_c <= self.lease_ends:
             return True
         comm, self.comm = self.comm, None
+        ask = (self.client.decide, self.rank, k, last_c, t, comm)
         if timing is None:
-            decision = self.client.decide(self.rank, k, last_c, t, comm)
+            decision = self.call(*ask)
         else:
             with timing():
-                decision = self.client.decide(self.rank, k, last_c, t, comm)
+                decision = self.call(*ask)
         if k > 0 and decision.ready:
             self.lease_ends, self.last_round_k = 0.0, k
             return False
