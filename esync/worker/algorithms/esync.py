@@ -104,8 +104,9 @@ class ESync(Algorithm):
                              sizing=RoundSizing(cfg.comm_share, cfg.max_round_seconds,
                                                 cfg.overlap))
             if cfg.policy == "planned":
-                self.reporter = PlanReporter(
-                    StateClient(cfg.state_url, job=cfg.job, token=cfg.state_token))
+                with communication_threads():             # its thread: outside the CPU cap
+                    self.reporter = PlanReporter(
+                        StateClient(cfg.state_url, job=cfg.job, token=cfg.state_token))
 
     def state_arrays(self) -> dict:
         """The outer optimizer's buffers and SCAFFOLD's global variate: checkpointed, and rank
