@@ -113,7 +113,7 @@ def describe_plan(args, tune_jobs, jobs, settings) -> list[str]:
     L.append(f"plan: {len(jobs)} full run(s): {args.repeats} repeat(s) (seeds {seeds}) × "
              f"{len(first)} ({per}) of {args.budget:g} s"
              + (f"; SSGD's {extended} i.i.d. run(s) per repeat until "
-                f"{max(args.target, args.table1_target):.2f} or {plan.sync_cap(args):g} s"
+                f"{plan.sync_target(args):.2f} or {plan.sync_cap(args):g} s"
                 if extended else ""))
     est = plan.estimate(tune_jobs + jobs)
     o = plan.OVERHEAD_S

@@ -116,8 +116,8 @@ def link_metrics(links: dict | None, rounds: int) -> dict:
 
 
 def run_metrics(summary: dict, limit: dict, *, standalone: bool, target: float | None = None,
-                table1_target: float | None = None, horizon: float | None = None, switch: float | None = None,
-                links: dict | None = None) -> dict:
+                table1_target: float | None = None, horizon: float | None = None,
+                switch: float | None = None, links: dict | None = None) -> dict:
     """The report's figures for one run, straight from its summary.
 
     ``horizon``: a run that went on past the common budget (SSGD for Table 1) is judged on its

@@ -322,6 +322,12 @@ def sync_cap(args) -> float:
     return args.budget * SYNC_CAP_BUDGETS if cap is None else max(cap, args.budget)
 
 
+def sync_target(args) -> float:
+    """Where SSGD's longer runs stop: once they have reached both targets (the comparisons'
+    --target and Table 1's --table1-target)."""
+    return max(args.target, args.table1_target)
+
+
 def default_lr(args, row: Row) -> float:
     return args.local_lr if row.lr_flag == "-ll" else args.learning_rate
 
@@ -330,8 +336,7 @@ def _job(args, row, setting, rep, lr, root, budget, log, extended=False) -> Job:
     mode = modes.get(row.mode)
     folder = root / args.network / modes.folder_name(mode.cli_mode, mode.dcasgd, row.split)
     seed = args.seed + max(rep, 1) - 1
-    # SSGD stops once it has reached both targets (the comparisons' and Table 1's)
-    target = max(args.target, args.table1_target) if extended else None
+    target = sync_target(args) if extended else None
     return Job(row=row, setting=setting, rep=rep, lr=lr, root=root, folder=folder,
                argv=job_argv(args, row, setting, lr, root, budget, seed=seed,
                              target_accuracy=target),

@@ -17,7 +17,8 @@ from esync.common import modes
 from esync.benchmark import stats
 from esync.benchmark.emulation import describe as describe_emulation
 from esync.benchmark.options import canonical_command
-from esync.benchmark.plan import CLUSTER_EVAL, SHIFTING, Job, Setting, display_argv, sync_cap
+from esync.benchmark.plan import (CLUSTER_EVAL, SHIFTING, Job, Setting, display_argv, sync_cap,
+                                  sync_target)
 from esync.benchmark.runs import tail
 from esync.benchmark.shaping import rate_bit_s
 from esync.benchmark.stats import speedup_cell, time_cell, value_cell
@@ -138,12 +139,14 @@ def table1_section(args, results: dict, settings: list[Setting], labels: dict) -
     cap = sync_cap(args)
     L = [f"## Table 1: time to {args.table1_target:.2f} test accuracy and speedup over SSGD", "",
          f"As in the ESync paper's Table 1, on i.i.d. data. SSGD ran until it reached "
-         f"{args.table1_target:.2f} or for at most **{cap:g} s** (`--sync-cap-seconds`, default 3 × "
+         f"{args.table1_target:.2f} or for at most **{cap:g} s** (`--sync-cap-seconds`, "
+         "default 3 × "
          f"the budget); every other row had the common {args.budget:g} s budget. Time: median "
          f"over {args.repeats} repeat(s) (min–max); speedup: SSGD's median / the row's.", ""]
     head, rule = "| Row |", "| --- |"
     for s in static:
-        head += f" {s.name}: time to {args.table1_target:.2f} (s) | {s.name}: speedup vs SSGD |"
+        head += (f" {s.name}: time to {args.table1_target:.2f} (s) | {s.name}: speedup vs "
+                 "SSGD |")
         rule += " ---: | ---: |"
     L += [head, rule]
     tables = {s.name: {r["name"]: r for r in results[s.name]["table1"]} for s in static}
@@ -165,7 +168,8 @@ def table1_section(args, results: dict, settings: list[Setting], labels: dict) -
         if sync is None:
             L.append(f"- {s.name}: no SSGD run succeeded: no speedup.")
         elif sync["time"].median == stats.INF:
-            L.append(f"- {s.name}: SSGD did not reach {args.table1_target:.2f} within {cap:g} s in "
+            L.append(f"- {s.name}: SSGD did not reach {args.table1_target:.2f} within {cap:g} s "
+                     "in "
                      f"{sync['time'].n - sync['time'].reached} of {sync['time'].n} run(s) (its "
                      f"median did not reach it): each speedup is a lower bound, shown as \"> x\" "
                      f"({cap:g} s / the row's median).")
@@ -529,9 +533,8 @@ def render(args, *, jobs: list[Job], tune_jobs: list[Job], results: dict,
           "weights); the learning-rate tuning ran once",
           f"- the same training-time budget for every run: {args.budget:g} s "
           f"(`--max-seconds`), except SSGD's i.i.d. runs of the static scenario: until "
-          f"{max(args.target, args.table1_target):.2f} or {sync_cap(args):g} s (Table 1; the "
-          "other tables use their "
-          "records up to the first checkpoint at or after the budget, where a run with the "
+          f"{sync_target(args):.2f} or {sync_cap(args):g} s (Table 1; the other tables use "
+          "their records up to the first checkpoint at or after the budget, where a run with the "
           "budget would have stopped); the evaluator scores every checkpoint off the workers' path "
           f"(a checkpoint every {CLUSTER_EVAL} of training in every cluster mode: one grid "
           "in time, whatever a round lasts)",
