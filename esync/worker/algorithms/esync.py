@@ -91,13 +91,12 @@ class ESync(Algorithm):
         self.client = StateClient(cfg.state_url, job=cfg.job, token=cfg.state_token)
         if cfg.policy == "dynamic":
             # The dynamic policy's questions leave from a thread outside the device's CPU cap:
-            # HTTP and JSON are the host's work, as on a real GPU host. Under a cap of a
-            # twelfth of a core, asking from the training thread cost a ×8 device about a tenth
-            # of its round.
+            # HTTP and JSON are the host's work, as on a real GPU host, not the device's.
             with communication_threads():
                 self.questions = ThreadPoolExecutor(1, thread_name_prefix="esync-questions")
                 self.questions.submit(int).result()       # the thread starts now, uncapped
-        self.asker = ReadinessAsker(self.client, w.rank, call=self._ask)
+        self.asker = ReadinessAsker(self.client, w.rank,
+                                    call=self._ask if self.questions is not None else None)
         if w.rank == 0:
             # Before the KVStore barrier in init: no worker reports before the job exists.
             self.client.init(w.num_workers, epsilon=cfg.epsilon, policy=cfg.policy,
