@@ -196,12 +196,14 @@ def add_run_args(parser: argparse.ArgumentParser, *, one_worker: bool = True) ->
                         "absolute seconds as in the original")
     e.add_argument("--local-iters", type=non_negative_int, default=0,
                    help="fixed local iterations per round, bypassing the state server (0: ask it)")
-    e.add_argument("--aggregation", choices=["mean", "weighted", "fednova"],
+    e.add_argument("--aggregation", choices=["mean", "weighted", "fednova", "sum"],
                    default=config.aggregation,
                    help="how the workers' deltas are combined: mean (the original; weights "
                         "objective i by k_i), weighted (deltas x k_i: objectives by k_i^2, best "
-                        "on i.i.d. data), or fednova (each delta / k_i, rescaled by the mean "
-                        "k: every objective equally, for by-class data)")
+                        "on i.i.d. data), fednova (each delta / k_i, rescaled by the mean "
+                        "k: every objective equally), or sum (every delta in full, as ASGD "
+                        "applies every gradient: mean with N times the step, best on by-class "
+                        "data)")
     e.add_argument("--outer-momentum", type=_momentum, default=config.outer_momentum,
                    help="momentum on the aggregated delta, with -gl as the outer learning rate "
                         "(DiLoCo: 0.9 with --nesterov and -gl 0.7; 0: none)")

@@ -121,3 +121,10 @@ def test_apply_step_moves_start_by_gl_times_step():
 def test_fednova_refuses_a_worker_without_steps():
     with pytest.raises(agg.AggregationError, match="k_i >= 1"):
         agg.fednova(START, DELTAS, [2, 0, 1])
+
+
+def test_sum_applies_every_delta_in_full_n_times_the_mean_step():
+    # sum of deltas: (0.4 - 0.2 + 0.1, 0.8 + 0.2 - 0.6) = (0.3, 0.4); gl 0.5: start + (0.15, 0.2)
+    assert close(agg.total(START, DELTAS, 0.5), [1.15, -1.8])
+    assert close(agg.aggregate("sum", START, DELTAS, KS, 1.0) - START,
+                 len(DELTAS) * (agg.mean(START, DELTAS, 1.0) - START))

@@ -306,7 +306,7 @@ def test_defaults(data_dir, tmp_path, full_launcher):
         [0.0003, 0.001, 0.003], 3, 40.0, 10.0)
     assert [a.slug for a in args.aggregation_list] == ["weighted-nesterov0.9-gl0.7-overlap",
                                                         "mean"]
-    assert [a.slug for a in args.byclass_aggregation_list] == ["fednova-share1", "mean-share1"]
+    assert [a.slug for a in args.byclass_aggregation_list] == ["sum-share1", "mean-share1"]
     assert (args.scenario_list, args.emulation, args.cpu_share) == (
         ["static", "shifting"], "auto", None)
     assert plan.sync_cap(args) == 120.0

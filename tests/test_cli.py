@@ -130,7 +130,7 @@ BAD_VALUES = [
     (["-dcasgd", "1"], "-dcasgd", ["-m async"]),
     (["--slowdown", "0.5"], "--slowdown", ["0.5"]),
     (["--target-accuracy", "2"], "--target-accuracy", ["between 0 and 1"]),
-    (["--aggregation", "median"], "--aggregation", ["median", "mean", "weighted", "fednova"]),
+    (["--aggregation", "median"], "--aggregation", ["median", "mean", "weighted", "fednova", "sum"]),
     (["--outer-momentum", "1"], "--outer-momentum", ["[0, 0.999]"]),
     (["--nesterov"], "--nesterov", ["--outer-momentum"]),
     (["--collective", "butterfly"], "--collective", ["butterfly", "ps", "allreduce"]),

@@ -180,8 +180,9 @@ UNEQUAL_ROUNDS, OUTER_GL = 8, 0.7
 
 @pytest.mark.parametrize("rule,momentum,nesterov", [("weighted", 0.0, False),
                                                     ("fednova", 0.0, False),
+                                                    ("sum", 0.0, False),
                                                     ("weighted", 0.5, True)],
-                         ids=["weighted", "fednova", "weighted-nesterov"])
+                         ids=["weighted", "fednova", "sum", "weighted-nesterov"])
 def test_esync_rule_with_unequal_k_is_the_pure_rule_on_the_workers_deltas(
         tmp_path, small_data, rule, momentum, nesterov):
     """Two workers slowed 1x and 3x under the planned policy run unequal k_i. Each worker dumps

@@ -27,14 +27,14 @@ SCENARIOS = ("static", "shifting")
 # rule), then the original's plain mean. fednova (below mean in every earlier report) is left to --aggregations to keep the
 # default within its time.
 DEFAULT_AGGREGATIONS = "weighted+nesterov=0.9+gl=0.7+overlap,mean"
-# ESync rows of the by-class splits: the launcher's rule for -s 1 (fednova, no outer momentum,
-# rounds of one slowest iteration, no overlap: docs/benchmark-byclass) and the original's mean.
-# The i.i.d. rows' outer Nesterov momentum ends at chance on -s 1.
-DEFAULT_BYCLASS_AGGREGATIONS = "fednova+share=1,mean+share=1"
+# ESync rows of the by-class splits: the launcher's rule for -s 1 (sum, no outer momentum,
+# rounds of one slowest iteration, no overlap: docs/benchmark-byclass-sum) and the original's
+# mean. The i.i.d. rows' outer Nesterov momentum ends at chance on -s 1.
+DEFAULT_BYCLASS_AGGREGATIONS = "sum+share=1,mean+share=1"
 # -l/-ll are lr x the gradient SUMMED over the batch (the original's meaning): 0.05 on the batch
 # mean at -b 64 is 0.00078 summed. Three values a factor ~3.3 apart around it.
 DEFAULT_LR_GRID = "0.0003,0.001,0.003"
-AGGREGATION_RULES = ("mean", "weighted", "fednova")
+AGGREGATION_RULES = ("mean", "weighted", "fednova", "sum")
 # Defaults sized so that the whole default benchmark (3 repeats; loopback and shaped links;
 # i.i.d. and by class; the shifting scenario) fits in 100 minutes on 2 cores: see
 # docs/BENCHMARK.md ("Budget") and the estimate the benchmark prints when it starts.
@@ -295,7 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "RULE one of " + ", ".join(AGGREGATION_RULES))
     r.add_argument("--byclass-aggregations", default=DEFAULT_BYCLASS_AGGREGATIONS,
                    help="ESync rows of the by-class data splits, as --aggregations (default: "
-                        "the launcher's -s 1 rule, fednova without outer momentum, and the "
+                        "the launcher's -s 1 rule, sum without outer momentum, and the "
                         "original's mean, both with rounds of one slowest iteration)")
     r.add_argument("--collectives", default="ps",
                    help="comma-separated: ps (the parameter server) and allreduce (Horovod's "

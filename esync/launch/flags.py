@@ -32,16 +32,18 @@ CLUSTER_DEFAULTS = dict(network="lenet", cpu=1, learning_rate=CLUSTER_LR, local_
                         eval_duration=10, max_seconds=90.0, mode="esync",
                         aggregation=None, outer_momentum=None, nesterov=None, global_lr=None,
                         comm_share=None, max_round_seconds=5.0, overlap=None)
-# ESync's aggregation by data split, each the best ESync row of a 3-repeat benchmark:
+# ESync's aggregation by data split, each the best ESync row of a repeated benchmark:
 # - i.i.d. (docs/benchmark/report.md): deltas weighted by k_i, DiLoCo's outer Nesterov momentum
 #   0.9 and outer learning rate 0.7;
-# - by class (docs/benchmark-byclass/report.md; no outer momentum: with Nesterov 0.9 a 2-worker
-#   -s 1 cluster ends at chance): fednova for -s 1 (0.183 after 60 s, weighted 0.176 with one
-#   repeat at 0.110), weighted for -s 2 (0.750, fednova 0.618).
+# - by class (no outer momentum: with Nesterov 0.9 a 2-worker -s 1 cluster ends at chance):
+#   sum on both by-class splits: -s 1, docs/benchmark-byclass-sum: 0.376 and 0.398 after 40 s
+#   against mean's 0.363 and 0.294 (fednova, the earlier default: 0.233 in docs/benchmark);
+#   -s 2, docs/benchmark-byclass-sum-shuffled: 0.78 against weighted's 0.71 (the earlier
+#   default), above it at every checkpoint after the first.
 AGGREGATION_BY_SPLIT = {
     0: dict(aggregation="weighted", outer_momentum=0.9, nesterov=True, global_lr=0.7),
-    1: dict(aggregation="fednova", outer_momentum=0.0, nesterov=False, global_lr=1.0),
-    2: dict(aggregation="weighted", outer_momentum=0.0, nesterov=False, global_lr=1.0),
+    1: dict(aggregation="sum", outer_momentum=0.0, nesterov=False, global_lr=1.0),
+    2: dict(aggregation="sum", outer_momentum=0.0, nesterov=False, global_lr=1.0),
 }
 # --comm-share by data split: on i.i.d. shards rounds are stretched until the exchange takes at
 # most 10% of a round; by-class shards (-s 1, -s 2) keep rounds of one slowest iteration, since

@@ -24,8 +24,15 @@ Rules (``--aggregation``):
     ``start + gl * (sum_i p_i k_i) * sum_i p_i (delta_i / k_i)`` with ``p_i`` the worker's share
     of the data (``1/N`` for the equal shards of ``esync.worker.data.partition``). On non-i.i.d. data it
     removes the bias towards the objectives of the workers that ran more steps.
+``sum``
+    Every delta applied in full: ``start + gl * sum_i delta_i``, as ASGD applies every gradient
+    it receives (``mean`` with ``gl`` times N). Objective i is weighted by ``k_i``, as in
+    ``mean``, but a round moves the model as far as all the local steps together: on by-class
+    shards the plain mean's step is N times smaller than ASGD's at the same rate, and learns
+    the classes of the slow devices too slowly.
 
-With every ``k_i`` equal the three rules give the same model.
+With every ``k_i`` equal, ``mean``, ``weighted`` and ``fednova`` give the same model (``sum``: the
+same step, N times longer).
 
 The distributed form: the parameter server only sums. Worker i pushes
 ``push_weight(rule, k_i) * delta_i``; with every ``k_j`` known from the control vector of the same
@@ -48,7 +55,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-RULES = ("mean", "weighted", "fednova")
+RULES = ("mean", "weighted", "fednova", "sum")
 
 
 class AggregationError(ValueError):
@@ -66,6 +73,12 @@ def mean(start, deltas, global_lr: float = 1.0):
     """``start + gl * (1/N) * sum_i delta_i`` (the original ESync)."""
     _check(deltas)
     return start + global_lr * _total(deltas) / len(deltas)
+
+
+def total(start, deltas, global_lr: float = 1.0):
+    """``start + gl * sum_i delta_i`` (every delta in full, as ASGD applies every gradient)."""
+    _check(deltas)
+    return start + global_lr * _total(deltas)
 
 
 def weighted(start, deltas, weights, global_lr: float = 1.0):
@@ -100,6 +113,8 @@ def aggregate(rule: str, start, deltas, ks, global_lr: float = 1.0):
         return weighted(start, deltas, ks, global_lr)
     if rule == "fednova":
         return fednova(start, deltas, ks, global_lr)
+    if rule == "sum":
+        return total(start, deltas, global_lr)
     raise AggregationError(f"unknown aggregation rule {rule!r}; choose one of: {', '.join(RULES)}")
 
 
@@ -107,7 +122,7 @@ def aggregate(rule: str, start, deltas, ks, global_lr: float = 1.0):
 
 def push_weight(rule: str, k_i: int) -> float:
     """Factor worker i applies to its delta before pushing it (the server sums the pushes)."""
-    if rule == "mean":
+    if rule in ("mean", "sum"):
         return 1.0
     if rule == "weighted":
         return float(k_i)
@@ -125,6 +140,8 @@ def sum_weight(rule: str, ks) -> float:
         return 1.0 / float(sum(ks))
     if rule == "fednova":
         return (sum(ks) / n) / n          # effective steps sum(p_i k_i), times p_i = 1/N
+    if rule == "sum":
+        return 1.0
     raise AggregationError(f"unknown aggregation rule {rule!r}; choose one of: {', '.join(RULES)}")
 
 

@@ -44,7 +44,7 @@ class AlgorithmConfig:
     local_iters: int = 0                  # --local-iters: fixed k_i (0: ask the state server)
     policy: str = "dynamic"               # --policy: how the state server decides k_i
     epsilon: float | str = "auto"         # --epsilon: the state server's slack
-    aggregation: str = "mean"             # --aggregation: mean, weighted or fednova
+    aggregation: str = "mean"             # --aggregation: mean, weighted, fednova or sum
     outer_momentum: float = 0.0           # --outer-momentum: 0 is none
     nesterov: bool = False                # --nesterov: Nesterov form of the outer momentum
     dcasgd_lambda: float = 0.04           # --dcasgd-lambda: DC-ASGD's lambda (summed gradient)
