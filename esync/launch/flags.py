@@ -36,8 +36,9 @@ CLUSTER_DEFAULTS = dict(network="lenet", cpu=1, learning_rate=CLUSTER_LR, local_
 # - i.i.d. (docs/benchmark/report.md): deltas weighted by k_i, DiLoCo's outer Nesterov momentum
 #   0.9 and outer learning rate 0.7;
 # - by class (no outer momentum: with Nesterov 0.9 a 2-worker -s 1 cluster ends at chance):
-#   sum on both by-class splits: -s 1, docs/benchmark-byclass-sum: 0.376 and 0.398 after 40 s
-#   against mean's 0.363 and 0.294 (fednova, the earlier default: 0.233 in docs/benchmark);
+#   sum on both by-class splits: -s 1, docs/benchmark-byclass-fixed (3 repeats, one rate):
+#   0.287 (0.281-0.318) after 40 s against mean's 0.260 (fednova, the earlier default, 0.233 in
+#   the 2026-11-24 default benchmark), still below ASGD's 0.450;
 #   -s 2, docs/benchmark-byclass-sum-shuffled: 0.78 against weighted's 0.71 (the earlier
 #   default), above it at every checkpoint after the first.
 AGGREGATION_BY_SPLIT = {
