@@ -40,7 +40,7 @@ CLUSTER_DEFAULTS = dict(network="lenet", cpu=1, learning_rate=CLUSTER_LR, local_
 #   0.287 (0.281-0.318) after 40 s against mean's 0.260 (fednova, the earlier default, 0.233 in
 #   the 2026-11-24 default benchmark), still below ASGD's 0.450;
 #   -s 2, docs/benchmark-byclass-sum-shuffled: 0.78 against weighted's 0.71 (the earlier
-#   default), above it at every checkpoint after the first.
+#   default), above it at 8 of the 10 checkpoints (one repeat).
 AGGREGATION_BY_SPLIT = {
     0: dict(aggregation="weighted", outer_momentum=0.9, nesterov=True, global_lr=0.7),
     1: dict(aggregation="sum", outer_momentum=0.0, nesterov=False, global_lr=1.0),
