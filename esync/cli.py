@@ -20,6 +20,7 @@ import config
 from esync.common.argtypes import (UsageParser, bounded_number, fraction, non_negative_float,
                                    non_negative_int, port, positive_float, positive_int, typed)
 from esync.common.errors import UsageError, guarded
+from esync.common.modes import AGGREGATION_RULES, COMM_DTYPES
 from esync.common.runlayout import ROUND_LOG_PATTERN
 
 DMLC_ROLES = ("scheduler", "server", "worker", "evaluator")
@@ -196,7 +197,7 @@ def add_run_args(parser: argparse.ArgumentParser, *, one_worker: bool = True) ->
                         "absolute seconds as in the original")
     e.add_argument("--local-iters", type=non_negative_int, default=0,
                    help="fixed local iterations per round, bypassing the state server (0: ask it)")
-    e.add_argument("--aggregation", choices=["mean", "weighted", "fednova", "sum"],
+    e.add_argument("--aggregation", choices=AGGREGATION_RULES,
                    default=config.aggregation,
                    help="how the workers' deltas are combined: mean (the original; weights "
                         "objective i by k_i), weighted (deltas x k_i: objectives by k_i^2, best "
@@ -219,6 +220,10 @@ def add_run_args(parser: argparse.ArgumentParser, *, one_worker: bool = True) ->
     e.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=config.overlap,
                    help="exchange round r's deltas while round r+1 computes (the global model "
                         "moves one round late; each worker goes on from it plus its own delta)")
+    e.add_argument("--comm-dtype", choices=COMM_DTYPES, default=config.comm_dtype,
+                   help="type of the deltas on the wire: float16 halves every exchange's bytes "
+                        "(the parameter server sums them in float16; the global model, the "
+                        "outer step and the batch-norm statistics stay float32)")
     e.add_argument("--prox-mu", type=non_negative_float, default=config.prox_mu,
                    help="FedProx's proximal term: each local step also descends "
                         "(MU/2)|w - w_round_start|^2 per sample (limits client drift on "

@@ -34,7 +34,9 @@ def _final_model(folder, mode="esync"):
     ["--aggregation", "mean", "--outer-momentum", 0, "--no-nesterov"],
     ["--aggregation", "weighted", "--outer-momentum", 0.9, "--nesterov", "-gl", 0.7],
     ["--aggregation", "fednova", "--outer-momentum", 0, "--no-nesterov", "--scaffold"],
-], ids=["mean", "weighted-nesterov", "fednova-scaffold"])
+    ["--aggregation", "weighted", "--outer-momentum", 0.9, "--nesterov", "-gl", 0.7,
+     "--comm-dtype", "float16"],
+], ids=["mean", "weighted-nesterov", "fednova-scaffold", "weighted-nesterov-float16"])
 def test_esync_round_over_allreduce_gives_the_parameter_servers_global_model(
         tmp_path, small_data, launcher, rule):
     """Same seeds, same unequal k_i (1 and 3 local steps): the models after every exchange

@@ -287,13 +287,13 @@ def test_aggregations_parse_into_row_names_labels_and_flags():
         ("weighted-nesterov0.9-gl0.7", "weighted + Nesterov 0.9, gl 0.7")]
     assert parsed[2].argv() == ["--aggregation", "weighted", "--outer-momentum", "0.9",
                                 "--nesterov", "-gl", "0.7", "--no-overlap", "--prox-mu", "0",
-                                "--no-scaffold"]
-    (rounds,) = options.parse_aggregations("fednova+share=0.2+overlap+prox=0.1+scaffold")
+                                "--no-scaffold", "--comm-dtype", "float32"]
+    (rounds,) = options.parse_aggregations("fednova+share=0.2+overlap+prox=0.1+scaffold+fp16")
     assert (rounds.slug, rounds.label) == (
-        "fednova-share0.2-overlap-prox0.1-scaffold",
-        "fednova, comm. share 0.2, overlap, FedProx mu 0.1, SCAFFOLD")
-    assert rounds.argv()[-6:] == ["--overlap", "--prox-mu", "0.1", "--scaffold",
-                                  "--comm-share", "0.2"]
+        "fednova-share0.2-overlap-prox0.1-scaffold-fp16",
+        "fednova, comm. share 0.2, overlap, FedProx mu 0.1, SCAFFOLD, float16 deltas")
+    assert rounds.argv()[-8:] == ["--overlap", "--prox-mu", "0.1", "--scaffold",
+                                  "--comm-dtype", "float16", "--comm-share", "0.2"]
     for bad in ("mean+share=0", "mean+share=2", "mean+prox=-1", "mean+overlapping"):
         with pytest.raises(options.UsageError, match="is not"):
             options.parse_aggregations(bad)
@@ -304,8 +304,8 @@ def test_defaults(data_dir, tmp_path, full_launcher):
     assert (args.target, args.table1_target, args.policy) == (0.85, 0.80, "dynamic")
     assert (args.lr_grid, args.repeats, args.budget, args.tune_budget) == (
         [0.0003, 0.001, 0.003], 3, 40.0, 10.0)
-    assert [a.slug for a in args.aggregation_list] == ["weighted-nesterov0.9-gl0.7-overlap",
-                                                        "mean"]
+    assert [a.slug for a in args.aggregation_list] == [
+        "weighted-nesterov0.9-gl0.7-overlap", "weighted-nesterov0.9-gl0.7-overlap-fp16", "mean"]
     assert [a.slug for a in args.byclass_aggregation_list] == ["sum-share1", "mean-share1"]
     assert (args.scenario_list, args.emulation, args.cpu_share) == (
         ["static", "shifting"], "auto", None)
@@ -916,7 +916,7 @@ def test_shifting_rows_slow_the_second_fast_device_halfway(data_dir, tmp_path, f
               if j.setting.name != "shifting"]
     assert static and all("--speed-schedule" not in j.argv for j in static)
     # Tuning runs once per group: the shifting rows add none.
-    assert len(plan.tuning_jobs(args, tmp_path, rows)) == 3 * 6
+    assert len(plan.tuning_jobs(args, tmp_path, rows)) == 3 * 7
 
 
 def test_shifting_schedule_follows_the_factors(data_dir, tmp_path, full_launcher):
@@ -1158,9 +1158,9 @@ def test_the_default_benchmark_fits_in_100_minutes_on_2_cores(data_dir, tmp_path
     jobs = plan.tuning_jobs(args, tmp_path, rows) + plan.full_jobs(
         args, tmp_path, rows, settings, {r.group: 0.001 for r in rows})
     per_repeat = [(j.setting.name, j.name) for j in jobs if j.rep == 1]
-    assert len(per_repeat) == 20 and {s.name for s in settings} == {"loopback", "netns",
+    assert len(per_repeat) == 22 and {s.name for s in settings} == {"loopback", "netns",
                                                                      "shifting"}
-    assert len([j for j in jobs if j.tuning]) == 33 and args.repeats == 3
+    assert len([j for j in jobs if j.tuning]) == 36 and args.repeats == 3
     assert plan.estimate(jobs)["total_s"] <= 100 * 60
 
 
@@ -1212,7 +1212,7 @@ def test_collective_section_pairs_each_row_with_its_allreduce_twin(tmp_path):
 def test_the_canonical_command_gives_back_every_aggregation_part():
     from esync.benchmark.options import _aggregation_text
     text = ("fednova+scaffold,fednova+prox=0.1,weighted+nesterov=0.9+gl=0.7+share=0.1+overlap,"
-            "mean+momentum=0.5")
+            "mean+momentum=0.5,weighted+nesterov=0.9+gl=0.7+overlap+fp16")
     parsed = options.parse_aggregations(text)
     assert options.parse_aggregations(",".join(_aggregation_text(a) for a in parsed)) == parsed
     assert ",".join(_aggregation_text(a) for a in parsed) == text

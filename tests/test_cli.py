@@ -132,6 +132,7 @@ BAD_VALUES = [
     (["--target-accuracy", "2"], "--target-accuracy", ["between 0 and 1"]),
     (["--aggregation", "median"], "--aggregation", ["median", "mean", "weighted", "fednova", "sum"]),
     (["--outer-momentum", "1"], "--outer-momentum", ["[0, 0.999]"]),
+    (["--comm-dtype", "int8"], "--comm-dtype", ["int8", "float32", "float16"]),
     (["--nesterov"], "--nesterov", ["--outer-momentum"]),
     (["--collective", "butterfly"], "--collective", ["butterfly", "ps", "allreduce"]),
     (["-m", "async", "--collective", "allreduce"], "--collective",

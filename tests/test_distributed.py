@@ -178,18 +178,32 @@ TRAINABLE = [n for n, p in models.named_parameters(models.build("lenet", mx.cpu(
 UNEQUAL_ROUNDS, OUTER_GL = 8, 0.7
 
 
-@pytest.mark.parametrize("rule,momentum,nesterov", [("weighted", 0.0, False),
-                                                    ("fednova", 0.0, False),
-                                                    ("sum", 0.0, False),
-                                                    ("weighted", 0.5, True)],
-                         ids=["weighted", "fednova", "sum", "weighted-nesterov"])
+def _float16_sum(rule, deltas, ks):
+    """What the server sums under ``--comm-dtype float16``: each push rounded to float16, their
+    sum rounded again (MXNet adds half floats in float32 and rounds the result), scaled by the
+    rule's sum weight in float32 on the workers. Two pushes: one rounding of the sum, any order."""
+    from esync.worker.algorithms import aggregate
+    pushes = [(aggregate.push_weight(rule, k) * d).astype(np.float16) for d, k in zip(deltas, ks)]
+    total = (pushes[0].astype(np.float32) + pushes[1].astype(np.float32)).astype(np.float16)
+    return total.astype(np.float32) * np.float32(aggregate.sum_weight(rule, ks))
+
+
+@pytest.mark.parametrize("rule,momentum,nesterov,wire", [("weighted", 0.0, False, "float32"),
+                                                         ("fednova", 0.0, False, "float32"),
+                                                         ("sum", 0.0, False, "float32"),
+                                                         ("weighted", 0.5, True, "float32"),
+                                                         ("weighted", 0.5, True, "float16")],
+                         ids=["weighted", "fednova", "sum", "weighted-nesterov",
+                              "weighted-nesterov-float16"])
 def test_esync_rule_with_unequal_k_is_the_pure_rule_on_the_workers_deltas(
-        tmp_path, small_data, rule, momentum, nesterov):
+        tmp_path, small_data, rule, momentum, nesterov, wire):
     """Two workers slowed 1x and 3x under the planned policy run unequal k_i. Each worker dumps
     the delta and k it exchanges every round (``$ESYNC_DUMP_PUSHES``); rank 0's checkpoint of
     round t must be ``esync.worker.algorithms.aggregate``'s pure rule (and outer optimizer) applied
     to round t-1's checkpoint, buffer and those deltas. The mean rule, or heavy-ball momentum
-    in place of Nesterov, would give another model: the test checks that too, so it can fail."""
+    in place of Nesterov, would give another model: the test checks that too, so it can fail.
+    With float16 deltas on the wire every exchange moves half the bytes, and the rule applies
+    to the rounded pushes."""
     from esync.worker.algorithms import aggregate
     from esync.worker.algorithms.esync import MOMENTUM_STATE
     dumps = tmp_path / "dumps"
@@ -197,7 +211,16 @@ def test_esync_rule_with_unequal_k_is_the_pure_rule_on_the_workers_deltas(
                 "--slowdown", "1,3", "--aggregation", rule, "--outer-momentum", momentum,
                 "--nesterov" if nesterov else "--no-nesterov", "-gl", OUTER_GL, "-ll", LR,
                 *ORIGINAL_ROUNDS, "-b", BATCH, "--max-rounds", UNEQUAL_ROUNDS, "-e", 1, "--max-seconds", 0,
-                "--seed", SEED, "--no-evaluator", env={"ESYNC_DUMP_PUSHES": str(dumps)})
+                "--seed", SEED, "--no-evaluator", "--comm-dtype", wire,
+                env={"ESYNC_DUMP_PUSHES": str(dumps)})
+    model_bytes = sum(int(np.prod(p.shape)) for p in models.named_parameters(
+        models.build("lenet", mx.cpu(), seed=SEED)).values() if p.grad_req != "null")
+    wire_bytes = model_bytes * np.dtype(wire).itemsize
+    logs = device_logs(tmp_path / "lenet" / "esync")
+    assert len(logs) == 2
+    for rounds in logs.values():
+        # the deltas, the batch-norm statistics (none in lenet) and the float32 control vector
+        assert {r["bytes_pushed"] - 4 * (2 + 5 * 2) for r in rounds} == {wire_bytes}
     store = CheckpointStore(tmp_path / "lenet" / "esync" / "checkpoints")
     models_, buffers = {}, {}
     for t in range(1, UNEQUAL_ROUNDS + 1):
@@ -212,7 +235,11 @@ def test_esync_rule_with_unequal_k_is_the_pure_rule_on_the_workers_deltas(
         ks = [int(pushed[r, t]["k"]) for r in (0, 1)]
         out = []
         for i, start in enumerate(models_[t - 1]):
-            agg = aggregate.aggregate(rule_name, np.zeros_like(start), [d[i] for d in deltas], ks)
+            if wire == "float16":
+                agg = _float16_sum(rule_name, [d[i] for d in deltas], ks)
+            else:
+                agg = aggregate.aggregate(rule_name, np.zeros_like(start),
+                                          [d[i] for d in deltas], ks)
             step, _ = outer.step(agg, buffers[t - 1][i])
             out.append(aggregate.apply_step(start, step, OUTER_GL))
         return out

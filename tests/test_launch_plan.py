@@ -322,3 +322,23 @@ def test_aggregation_defaults_follow_the_data_split_and_yield_to_the_user(
     assert aggregation_of("--aggregation", "mean", "--outer-momentum", "0.5")[:3] == [
         "mean", "0.5", "--nesterov" if split == "0" else "--no-nesterov"]
     assert aggregation_of("--outer-momentum", "0")[1:3] == ["0.0", "--no-nesterov"]
+
+
+@pytest.mark.parametrize("extra, want", [
+    ([], "float32"),
+    (["--net", "netns"], "float32"),
+    (["--net", "netns", "--bandwidth", "50mbit"], "float16"),
+    (["--net", "netns", "--server-bandwidth", "50mbit"], "float16"),
+    (["--net", "netns", "--bandwidth", "50mbit", "--comm-dtype", "float32"], "float32"),
+    (["--comm-dtype", "float16"], "float16"),
+], ids=["loopback", "netns-unshaped", "shaped-hosts", "shaped-server", "user-float32",
+        "user-float16"])
+def test_deltas_travel_as_float16_by_default_only_on_shaped_links(
+        tmp_path, fashion_data_dir, extra, want):
+    from esync.launch.flags import parse
+    args = parse(build_parser(), ["-ld", str(tmp_path), "-dd", str(fashion_data_dir),
+                                  "--workers", "2", *extra])
+    assert args.comm_dtype == want
+    if "--net" not in extra:         # what the workers are told (loopback plan: no root needed)
+        worker = next(s for s in LocalCluster(args, build_parser()).plan() if s.kind == "worker")
+        assert worker.argv[worker.argv.index("--comm-dtype") + 1] == want

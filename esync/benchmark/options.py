@@ -24,9 +24,11 @@ SCENARIOS = ("static", "shifting")
 # ESync aggregation rows of the default benchmark (i.i.d. data): the launcher's default first
 # (DiLoCo's outer Nesterov momentum 0.9 with an outer learning rate of 0.7 on the k-weighted
 # average, the exchange overlapped with the next round; the shifting scenario uses the first
-# rule), then the original's plain mean. fednova (below mean in every earlier report) is left to --aggregations to keep the
-# default within its time.
-DEFAULT_AGGREGATIONS = "weighted+nesterov=0.9+gl=0.7+overlap,mean"
+# rule), the same with float16 deltas (the launcher's choice on shaped links: docs/benchmark-fp16),
+# then the original's plain mean. fednova (below mean in every earlier report) is left to
+# --aggregations to keep the default within its time.
+DEFAULT_AGGREGATIONS = ("weighted+nesterov=0.9+gl=0.7+overlap,weighted+nesterov=0.9+gl=0.7+overlap+fp16,"
+                        "mean")
 # ESync rows of the by-class splits: the launcher's rule for -s 1 (sum, no outer momentum,
 # rounds of one slowest iteration, no overlap: docs/benchmark-byclass-sum) and the original's
 # mean. The i.i.d. rows' outer Nesterov momentum ends at chance on -s 1.
@@ -34,7 +36,7 @@ DEFAULT_BYCLASS_AGGREGATIONS = "sum+share=1,mean+share=1"
 # -l/-ll are lr x the gradient SUMMED over the batch (the original's meaning): 0.05 on the batch
 # mean at -b 64 is 0.00078 summed. Three values a factor ~3.3 apart around it.
 DEFAULT_LR_GRID = "0.0003,0.001,0.003"
-AGGREGATION_RULES = ("mean", "weighted", "fednova", "sum")
+AGGREGATION_RULES = modes.AGGREGATION_RULES
 # Defaults sized so that the whole default benchmark (3 repeats; loopback and shaped links;
 # i.i.d. and by class; the shifting scenario) fits in 100 minutes on 2 cores: see
 # docs/BENCHMARK.md ("Budget") and the estimate the benchmark prints when it starts.
@@ -100,6 +102,7 @@ class Aggregation:
     overlap: bool = False
     prox_mu: float = 0.0
     scaffold: bool = False
+    fp16: bool = False           # --comm-dtype float16
 
     @property
     def slug(self) -> str:
@@ -117,6 +120,8 @@ class Aggregation:
             parts.append(f"prox{self.prox_mu:g}")
         if self.scaffold:
             parts.append("scaffold")
+        if self.fp16:
+            parts.append("fp16")
         return "-".join(parts)
 
     @property
@@ -135,6 +140,8 @@ class Aggregation:
             text += f", FedProx mu {self.prox_mu:g}"
         if self.scaffold:
             text += ", SCAFFOLD"
+        if self.fp16:
+            text += ", float16 deltas"
         return text
 
     @property
@@ -148,7 +155,7 @@ class Aggregation:
         if self.comm_share is not None:
             parts.append(f"share={self.comm_share:g}")
         parts += ["overlap"] * self.overlap + ([f"prox={self.prox_mu:g}"] if self.prox_mu else [])
-        parts += ["scaffold"] * self.scaffold
+        parts += ["scaffold"] * self.scaffold + ["fp16"] * self.fp16
         return "+".join(parts)
 
     def argv(self) -> list[str]:
@@ -157,7 +164,8 @@ class Aggregation:
                 "--nesterov" if self.nesterov and self.momentum else "--no-nesterov",
                 "-gl", f"{1.0 if self.global_lr is None else self.global_lr:g}",
                 "--overlap" if self.overlap else "--no-overlap", "--prox-mu", f"{self.prox_mu:g}",
-                "--scaffold" if self.scaffold else "--no-scaffold"]
+                "--scaffold" if self.scaffold else "--no-scaffold",
+                "--comm-dtype", "float16" if self.fp16 else "float32"]
         if self.comm_share is not None:
             argv += ["--comm-share", f"{self.comm_share:g}"]
         return argv
@@ -183,7 +191,7 @@ def parse_aggregations(text: str, flag: str = "--aggregations") -> list[Aggregat
                              f"{DEFAULT_AGGREGATIONS!r}")
         fields = {"rule": rule}
         for extra in extras:
-            if extra.strip() in ("overlap", "scaffold"):
+            if extra.strip() in ("overlap", "scaffold", "fp16"):
                 fields[extra.strip()] = True
                 continue
             match = _PART.fullmatch(extra.strip())
@@ -192,7 +200,8 @@ def parse_aggregations(text: str, flag: str = "--aggregations") -> list[Aggregat
                     or (match.group(1) == "share" and value > 1):
                 raise UsageError(f"argument {flag}: {extra!r} in {item!r} is not "
                                  "nesterov=M, momentum=M, gl=G, share=S (0 < S <= 1), "
-                                 "prox=MU, overlap or scaffold, with numbers M, MU >= 0, G > 0")
+                                 "prox=MU, overlap, scaffold or fp16, with numbers M, MU >= 0, "
+                                 "G > 0")
             if match.group(1) == "gl":
                 fields["global_lr"] = value
             elif match.group(1) == "share":
@@ -291,7 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated subset of " + ", ".join(modes.NAMES))
     r.add_argument("--aggregations", default=DEFAULT_AGGREGATIONS,
                    help="ESync rows, one per item: RULE[+nesterov=M|+momentum=M][+gl=G][+share=S]"
-                        "[+overlap][+prox=MU][+scaffold] with "
+                        "[+overlap][+prox=MU][+scaffold][+fp16 (float16 deltas)] with "
                         "RULE one of " + ", ".join(AGGREGATION_RULES))
     r.add_argument("--byclass-aggregations", default=DEFAULT_BYCLASS_AGGREGATIONS,
                    help="ESync rows of the by-class data splits, as --aggregations (default: "

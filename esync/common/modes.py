@@ -63,6 +63,11 @@ SPLITS: tuple[Split, ...] = (
 )
 
 NAMES = tuple(m.name for m in MODES)
+# ESync's aggregation rules (--aggregation; the maths: esync.worker.algorithms.aggregate) and the
+# deltas' types on the wire (--comm-dtype), named here where the CLI and the benchmark can read
+# them without importing MXNet.
+AGGREGATION_RULES = ("mean", "weighted", "fednova", "sum")
+COMM_DTYPES = ("float32", "float16")
 BENCHMARK_NAMES = tuple(m.name for m in MODES if m.benchmark)   # the benchmark's default modes
 CLI_MODES = tuple(dict.fromkeys(m.cli_mode for m in MODES))   # the -m choices, in order
 BASELINE = "sync"           # the speedup's reference

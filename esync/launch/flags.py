@@ -31,7 +31,7 @@ CLUSTER_LR = 0.05 / 64
 CLUSTER_DEFAULTS = dict(network="lenet", cpu=1, learning_rate=CLUSTER_LR, local_lr=CLUSTER_LR,
                         eval_duration=10, max_seconds=90.0, mode="esync",
                         aggregation=None, outer_momentum=None, nesterov=None, global_lr=None,
-                        comm_share=None, max_round_seconds=5.0, overlap=None)
+                        comm_share=None, max_round_seconds=5.0, overlap=None, comm_dtype=None)
 # ESync's aggregation by data split, each the best ESync row of a repeated benchmark:
 # - i.i.d. (docs/benchmark/report.md): deltas weighted by k_i, DiLoCo's outer Nesterov momentum
 #   0.9 and outer learning rate 0.7;
@@ -55,6 +55,11 @@ COMM_SHARE_IID, COMM_SHARE_BY_CLASS = 0.1, 1.0
 # (docs/benchmark/report.md: it computes more of the time on loopback and on shaped links); on
 # by-class shards a one-round-late aggregate is one more round of drift, so it stays off.
 OVERLAP_IID, OVERLAP_BY_CLASS = True, False
+# --comm-dtype by link: float16 deltas where the launcher shapes the links (--net netns with a
+# rate), float32 otherwise. docs/benchmark-fp16 (3 repeats, i.i.d.): on 69 Mbit links float16
+# reached 0.85 in 22.9 s (21.9-23.1) against 25.5 s (24.5-26.9); on loopback it saves nothing
+# and its casts cost the x8 device (20.9 s (16.9-21.5) against 16.8 s (16.7-20.6)).
+COMM_DTYPE_SHAPED, COMM_DTYPE_FREE = "float16", "float32"
 STATE_SERVER_RESTARTS = 3        # a state server that keeps dying is a failure, not a blip
 DEFAULT_SLOWDOWN = "1,1,4,8"      # the emulated cluster: two fast, one 4x, one 8x slower
 LOCAL_ADDRESS = "127.0.0.1"       # the local backend's one host
@@ -115,6 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser._option_string_actions["--overlap"].help += (
         f" (default by data split: {'on' if OVERLAP_IID else 'off'} on i.i.d. data, "
         f"{'on' if OVERLAP_BY_CLASS else 'off'} with -s 1 or -s 2)")
+    parser._option_string_actions["--comm-dtype"].help += (
+        f" (default by link: {COMM_DTYPE_SHAPED} with --net netns and a --bandwidth or "
+        f"--server-bandwidth, {COMM_DTYPE_FREE} otherwise)")
     local_iters = parser._option_string_actions["--local-iters"]
     local_iters.type, local_iters.default = local_iters_list, ()
     local_iters.help = ("fixed local iterations per round, bypassing the state server: one "
@@ -211,6 +219,9 @@ def parse(parser, argv) -> argparse.Namespace:
         args.comm_share = COMM_SHARE_BY_CLASS if args.split_by_class else COMM_SHARE_IID
     if args.overlap is None:
         args.overlap = OVERLAP_BY_CLASS if args.split_by_class else OVERLAP_IID
+    if args.comm_dtype is None:
+        shaped = args.net == "netns" and bool(args.bandwidth or args.server_bandwidth)
+        args.comm_dtype = COMM_DTYPE_SHAPED if shaped else COMM_DTYPE_FREE
     _aggregation_for_split(args)
     if args.slowdown_list is None:
         args.slowdown_list = DEFAULT_SLOWDOWN if args.workers == 4 else "1"

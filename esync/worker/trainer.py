@@ -147,7 +147,7 @@ def _start_global_model(worker: Worker, algo, store: CheckpointStore | None, arg
     values = ([p.data() for p in worker.trainable] + [p.data() for p in worker.aux]
               + list(state.values()) + [mx.nd.zeros(control_length(worker.num_workers)),
                                         mx.nd.array(start)])
-    extra = [mx.nd.zeros(shape, ctx=worker.ctx) for shape in algo.extra_shapes()]
+    extra = [mx.nd.zeros(shape, ctx=worker.ctx, dtype=dtype) for shape, dtype in algo.extra_keys()]
     all_keys = keys.trainable + keys.aux + keys.state + [keys.control, keys.meta]
     worker.channel.init(all_keys + keys.extra, values + extra)
     worker.channel.pull(all_keys[:-2] + [keys.meta], values[:-2] + [values[-1]])
@@ -198,7 +198,7 @@ def train(args) -> int:
     algo = algo_cls(worker)
     algo.prepare()
     worker.keys = KeyMap(len(trainable), len(aux), len(algo.state_arrays()),
-                         len(algo.extra_shapes()))
+                         len(algo.extra_keys()))
     done_rounds, spent, samples = _start_global_model(worker, algo, store, args)
     algo.setup()
     loop = TrainingLoop(worker, algo, stream, writer, store, folder, device, args, shard=shard)

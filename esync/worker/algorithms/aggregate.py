@@ -55,7 +55,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-RULES = ("mean", "weighted", "fednova", "sum")
+from esync.common.modes import AGGREGATION_RULES as RULES
 
 
 class AggregationError(ValueError):

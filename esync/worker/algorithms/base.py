@@ -51,6 +51,7 @@ class AlgorithmConfig:
     comm_share: float = 1.0               # --comm-share: communication's largest share of a round
     max_round_seconds: float = 0.0        # --max-round-seconds: bound on a round (0: none)
     overlap: bool = False                 # --overlap: exchange during the next round
+    comm_dtype: str = "float32"           # --comm-dtype: the deltas' type on the wire
     prox_mu: float = 0.0                  # --prox-mu: FedProx's proximal coefficient (0: none)
     scaffold: bool = False                # --scaffold: SCAFFOLD's control variates
     batch_size: int = 64                  # -b: samples per local step
@@ -69,6 +70,7 @@ class AlgorithmConfig:
                    comm_share=getattr(args, "comm_share", cls.comm_share),
                    max_round_seconds=getattr(args, "max_round_seconds", cls.max_round_seconds),
                    overlap=bool(getattr(args, "overlap", False)),
+                   comm_dtype=getattr(args, "comm_dtype", cls.comm_dtype),
                    prox_mu=getattr(args, "prox_mu", 0.0) or 0.0,
                    scaffold=bool(getattr(args, "scaffold", False)),
                    batch_size=getattr(args, "batch_size", cls.batch_size),
@@ -131,9 +133,9 @@ class Algorithm:
         """Named NDArrays of the algorithm's own state (e.g. outer momentum), updated in place."""
         return {}
 
-    def extra_shapes(self) -> list:
-        """Shapes of the arrays the algorithm exchanges every round besides the model (keys of
-        their own, created with the others)."""
+    def extra_keys(self) -> list:
+        """``(shape, dtype)`` of each array the algorithm exchanges every round on keys of its
+        own besides the model's (created with the others, zero-initialised)."""
         return []
 
     def setup(self) -> None:

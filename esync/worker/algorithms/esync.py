@@ -117,9 +117,17 @@ class ESync(Algorithm):
             state.update({SCAFFOLD_STATE.format(i): c for i, c in enumerate(self.variate)})
         return state
 
-    def extra_shapes(self) -> list:
-        """SCAFFOLD: the changes of each worker's variate, one key per parameter."""
-        return [p.shape for p in self.worker.trainable] if self.config.scaffold else []
+    def extra_keys(self) -> list:
+        """--comm-dtype float16: the deltas on keys of that type (the model's own keys stay
+        float32: they carry rank 0's initial model and checkpointed state); SCAFFOLD: the
+        changes of each worker's variate. One key per parameter each."""
+        shapes = [p.shape for p in self.worker.trainable]
+        wire = [(shape, self.config.comm_dtype) for shape in shapes] if self._narrow_wire else []
+        return wire + ([(shape, "float32") for shape in shapes] if self.config.scaffold else [])
+
+    @property
+    def _narrow_wire(self) -> bool:
+        return self.config.comm_dtype != "float32"
 
     def setup(self) -> None:
         w = self.worker
@@ -129,7 +137,11 @@ class ESync(Algorithm):
         # Where this round began: g itself, unless overlap continues from g + its own delta.
         self.round_start = ([x.copy() for x in self.weights] if self.config.overlap
                             else self.start)
-        self.delta_sum = [nd.zeros_like(x) for x in self.weights]
+        wire = self.config.comm_dtype
+        self.delta_sum = [nd.zeros(x.shape, ctx=x.context, dtype=wire) for x in self.weights]
+        n, extra = len(self.weights), w.keys.extra
+        self.delta_keys = extra[:n] if self._narrow_wire else w.keys.trainable
+        self.variate_keys = extra[n:] if self._narrow_wire else extra
         self.aux = datas(w.aux)
         self.aux_sum = [nd.zeros_like(x) for x in self.aux]
 
@@ -236,7 +248,9 @@ class ESync(Algorithm):
         """Start the exchange of this round's weighted deltas and batch-norm statistics."""
         w, cfg = self.worker, self.config
         push = aggregate.push_weight(cfg.aggregation, w.round_k)
-        pushed = [d * push for d in deltas]        # fresh arrays: MXNet writes the sums into them
+        # fresh arrays (MXNet writes the sums into them), in the wire's type
+        pushed = [(d * push if push != 1 else d).astype(cfg.comm_dtype, copy=True)
+                  for d in deltas]
         extra = self._variate_changes(deltas)
         extra_sums = self.variate_sum if extra else []
         # Pushed arrays become the keys' receive buffers (KVChannel.init): the batch-norm
@@ -244,7 +258,7 @@ class ESync(Algorithm):
         aux = [a.copy() for a in self.aux] if cfg.overlap else self.aux
         return self.start_exchange(pushed + aux + extra,
                                    self.delta_sum + self.aux_sum + extra_sums,
-                                   w.keys.trainable + w.keys.aux + w.keys.extra[:len(extra)],
+                                   self.delta_keys + w.keys.aux + self.variate_keys[:len(extra)],
                                    want_stop,
                                    k=w.round_k, c=w.round_c, plan=self._plan_to_send(),
                                    d=self.last_comm, o=self.last_overhead, watch=watch)
@@ -281,7 +295,10 @@ class ESync(Algorithm):
     def _move_to_aggregate(self, scale: float) -> None:
         """g <- g + gl * outer_step(scale * pulled sum); every worker computes the same."""
         for start, total, buffer in zip(self.start, self.delta_sum, self.momentum):
-            self.outer.update(start, total * scale, buffer, self.config.global_lr)
+            if self._narrow_wire:
+                total = total.astype("float32")
+            self.outer.update(start, total * scale if scale != 1 else total, buffer,
+                              self.config.global_lr)
 
     def _continue_from(self, own_deltas) -> None:
         """The next round starts at g (None) or, with overlap, at g + this worker's own delta;
