@@ -34,6 +34,9 @@ local step descends ``g + c - c_i`` (``c`` the workers' mean variate, the same o
 round's start, ``y_i`` the local model: the round's mean raw gradient), and the changes of
 ``c_i`` travel with the deltas through keys of their own: twice the traffic of a round.
 
+``--comm-dtype float16``: the deltas travel as half floats on keys of their own (half the bytes;
+the global model and the outer step stay float32).
+
 ``--overlap``: the exchange of round r runs while round r+1 computes. The global model ``g``
 (identical on every rank) moves one round late, when round r's sum arrives at the end of round
 r+1; meanwhile each worker continues from ``g`` plus its own fresh delta (the "eager" variant of
@@ -248,9 +251,7 @@ class ESync(Algorithm):
         """Start the exchange of this round's weighted deltas and batch-norm statistics."""
         w, cfg = self.worker, self.config
         push = aggregate.push_weight(cfg.aggregation, w.round_k)
-        # fresh arrays (MXNet writes the sums into them), in the wire's type
-        pushed = [(d * push if push != 1 else d).astype(cfg.comm_dtype, copy=True)
-                  for d in deltas]
+        pushed = [self._on_the_wire(d, push) for d in deltas]
         extra = self._variate_changes(deltas)
         extra_sums = self.variate_sum if extra else []
         # Pushed arrays become the keys' receive buffers (KVChannel.init): the batch-norm
@@ -262,6 +263,15 @@ class ESync(Algorithm):
                                    want_stop,
                                    k=w.round_k, c=w.round_c, plan=self._plan_to_send(),
                                    d=self.last_comm, o=self.last_overhead, watch=watch)
+
+    def _on_the_wire(self, delta, push: float):
+        """``push * delta`` as a fresh array (MXNet writes the sum into it) of the wire's type,
+        in one pass where one is enough (this runs on every round of a CPU-capped device)."""
+        wire = self.config.comm_dtype
+        if push == 1:
+            return delta.astype(wire, copy=True)
+        scaled = delta * push
+        return scaled if wire == "float32" else scaled.astype(wire)
 
     def _variate_changes(self, deltas) -> list:
         """SCAFFOLD: c_i's new value from this round, and its change (pushed); [] without."""
