@@ -302,7 +302,7 @@ def test_without_cgroups_an_explicit_cpu_cap_is_an_error(tmp_path, monkeypatch):
 @pytest.mark.parametrize("split, want", [
     ("0", ["weighted", "0.9", "--nesterov", "0.7"]),
     ("1", ["sum", "0.0", "--no-nesterov", "1.0"]),
-    ("2", ["sum", "0.0", "--no-nesterov", "1.0"]),
+    ("2", ["sum", "0.5", "--no-nesterov", "1.0"]),
 ])
 def test_aggregation_defaults_follow_the_data_split_and_yield_to_the_user(
         tmp_path, fashion_data_dir, split, want):
