@@ -263,6 +263,10 @@ def check_esync_options(args) -> None:
     if args.nesterov and not args.outer_momentum:
         raise UsageError("--nesterov needs an --outer-momentum above 0 (DiLoCo uses 0.9); "
                          "for no outer momentum give --outer-momentum 0 --no-nesterov")
+    if getattr(args, "comm_dtype", "float32") != "float32" and args.mode != "esync":
+        raise UsageError(f"argument --comm-dtype: {args.comm_dtype} is the type of ESync's "
+                         f"deltas; -m {args.mode} exchanges float32 gradients and weights: "
+                         "leave --comm-dtype at float32 or use -m esync")
 
 
 def check_collective(args) -> None:

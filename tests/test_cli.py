@@ -133,6 +133,7 @@ BAD_VALUES = [
     (["--aggregation", "median"], "--aggregation", ["median", "mean", "weighted", "fednova", "sum"]),
     (["--outer-momentum", "1"], "--outer-momentum", ["[0, 0.999]"]),
     (["--comm-dtype", "int8"], "--comm-dtype", ["int8", "float32", "float16"]),
+    (["-m", "sync", "--comm-dtype", "float16"], "--comm-dtype", ["-m sync", "-m esync"]),
     (["--nesterov"], "--nesterov", ["--outer-momentum"]),
     (["--collective", "butterfly"], "--collective", ["butterfly", "ps", "allreduce"]),
     (["-m", "async", "--collective", "allreduce"], "--collective",

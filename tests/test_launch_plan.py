@@ -331,8 +331,9 @@ def test_aggregation_defaults_follow_the_data_split_and_yield_to_the_user(
     (["--net", "netns", "--server-bandwidth", "50mbit"], "float16"),
     (["--net", "netns", "--bandwidth", "50mbit", "--comm-dtype", "float32"], "float32"),
     (["--comm-dtype", "float16"], "float16"),
+    (["--net", "netns", "--bandwidth", "50mbit", "-m", "sync"], "float32"),
 ], ids=["loopback", "netns-unshaped", "shaped-hosts", "shaped-server", "user-float32",
-        "user-float16"])
+        "user-float16", "shaped-sync"])
 def test_deltas_travel_as_float16_by_default_only_on_shaped_links(
         tmp_path, fashion_data_dir, extra, want):
     from esync.launch.flags import parse

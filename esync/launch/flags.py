@@ -125,8 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
         f" (default by data split: {'on' if OVERLAP_IID else 'off'} on i.i.d. data, "
         f"{'on' if OVERLAP_BY_CLASS else 'off'} with -s 1 or -s 2)")
     parser._option_string_actions["--comm-dtype"].help += (
-        f" (default by link: {COMM_DTYPE_SHAPED} with --net netns and a --bandwidth or "
-        f"--server-bandwidth, {COMM_DTYPE_FREE} otherwise)")
+        f" (default by link: {COMM_DTYPE_SHAPED} for -m esync with --net netns and a "
+        f"--bandwidth or --server-bandwidth, {COMM_DTYPE_FREE} otherwise)")
     local_iters = parser._option_string_actions["--local-iters"]
     local_iters.type, local_iters.default = local_iters_list, ()
     local_iters.help = ("fixed local iterations per round, bypassing the state server: one "
@@ -225,7 +225,8 @@ def parse(parser, argv) -> argparse.Namespace:
         args.overlap = OVERLAP_BY_CLASS if args.split_by_class else OVERLAP_IID
     if args.comm_dtype is None:
         shaped = args.net == "netns" and bool(args.bandwidth or args.server_bandwidth)
-        args.comm_dtype = COMM_DTYPE_SHAPED if shaped else COMM_DTYPE_FREE
+        args.comm_dtype = (COMM_DTYPE_SHAPED if shaped and args.mode == "esync"
+                           else COMM_DTYPE_FREE)
     _aggregation_for_split(args)
     if args.slowdown_list is None:
         args.slowdown_list = DEFAULT_SLOWDOWN if args.workers == 4 else "1"
