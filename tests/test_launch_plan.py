@@ -325,6 +325,40 @@ def test_aggregation_defaults_follow_the_data_split_and_yield_to_the_user(
 
 
 @pytest.mark.parametrize("extra, want", [
+    ([], (1.0, False)),
+    (["--net", "netns"], (1.0, False)),
+    (["--net", "netns", "--bandwidth", "50mbit"], (0.1, True)),
+    (["--net", "netns", "--server-bandwidth", "50mbit"], (0.1, True)),
+    (["--backend", "ssh"], (0.1, True)),
+    (["-s", "1", "--net", "netns", "--bandwidth", "50mbit"], (1.0, False)),
+    (["-s", "2"], (1.0, False)),
+    (["--comm-share", "0.3", "--overlap"], (0.3, True)),
+    (["--net", "netns", "--bandwidth", "50mbit", "--comm-share", "1", "--no-overlap"],
+     (1.0, False)),
+], ids=["loopback", "netns-unshaped", "shaped-hosts", "shaped-server", "ssh", "by-class-shaped",
+        "shuffled-loopback", "user-loopback", "user-shaped"])
+def test_rounds_stretch_and_overlap_by_default_only_where_links_cost(
+        tmp_path, fashion_data_dir, extra, want):
+    """i.i.d. data over free links: rounds of one slowest iteration, no overlap (measured best
+    there); over shaped or other machines' links: stretched rounds, overlapped; by class: never."""
+    from esync.launch.flags import parse
+    if "--backend" in extra:                   # ssh places the workers by its host file
+        hostfile = tmp_path / "hosts"
+        hostfile.write_text("10.0.0.1 cpu\n10.0.0.2 cpu\n")
+        placement = ["--hostfile", str(hostfile)]
+    else:
+        placement = ["--workers", "2"]
+    args = parse(build_parser(), ["-ld", str(tmp_path), "-dd", str(fashion_data_dir),
+                                  *placement, *extra])
+    assert (args.comm_share, args.overlap) == want
+    if "--net" not in extra and "--backend" not in extra:   # what the workers are told
+        worker = next(s for s in LocalCluster(args, build_parser()).plan() if s.kind == "worker")
+        argv = worker.argv
+        assert float(argv[argv.index("--comm-share") + 1]) == want[0]
+        assert ("--overlap" if want[1] else "--no-overlap") in argv
+
+
+@pytest.mark.parametrize("extra, want", [
     ([], "float32"),
     (["--net", "netns"], "float32"),
     (["--net", "netns", "--bandwidth", "50mbit"], "float16"),

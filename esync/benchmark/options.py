@@ -21,13 +21,15 @@ POLICIES = ("dynamic", "planned", "both")
 NETS = ("loopback", "netns", "both")
 EMULATIONS = ("auto", "cpu-cap", "sleep")
 SCENARIOS = ("static", "shifting")
-# ESync aggregation rows of the default benchmark (i.i.d. data): the launcher's default first
-# (DiLoCo's outer Nesterov momentum 0.9 with an outer learning rate of 0.7 on the k-weighted
-# average, the exchange overlapped with the next round; the shifting scenario uses the first
-# rule), the same with float16 deltas (the launcher's choice on shaped links: docs/benchmark-fp16),
-# then the original's plain mean. fednova (below mean in every earlier report) is left to
-# --aggregations to keep the default within its time.
-DEFAULT_AGGREGATIONS = ("weighted+nesterov=0.9+gl=0.7+overlap,weighted+nesterov=0.9+gl=0.7+overlap+fp16,"
+# ESync aggregation rows of the default benchmark (i.i.d. data): the launcher's defaults, one per
+# kind of link. First its choice on free links: DiLoCo's outer Nesterov momentum 0.9 with an outer
+# learning rate of 0.7 on the k-weighted average, rounds of one slowest iteration, no overlap
+# (docs/benchmark-loopback-rounds; the shifting scenario uses the first rule); then its choice on
+# shaped links: the same rule with the exchange overlapped with the next round and float16 deltas
+# (docs/benchmark-fp16); then the original's plain mean. Each row runs on both kinds of link, so
+# the report shows what each choice costs where it is not the default. fednova (below mean in
+# every earlier report) is left to --aggregations to keep the default within its time.
+DEFAULT_AGGREGATIONS = ("weighted+nesterov=0.9+gl=0.7+share=1,weighted+nesterov=0.9+gl=0.7+overlap+fp16,"
                         "mean")
 # ESync rows of the by-class splits: the launcher's rule for -s 1 (sum, no outer momentum,
 # rounds of one slowest iteration, no overlap: docs/benchmark-byclass-sum) and the original's
@@ -159,7 +161,8 @@ class Aggregation:
         return "+".join(parts)
 
     def argv(self) -> list[str]:
-        """Every aggregation flag spelled out: the launcher's own defaults never leak in."""
+        """Every aggregation flag spelled out, so the launcher's defaults do not leak in; but a row
+        without ``share=`` takes the launcher's --comm-share for its data split and link."""
         argv = ["--aggregation", self.rule, "--outer-momentum", f"{self.momentum or 0:g}",
                 "--nesterov" if self.nesterov and self.momentum else "--no-nesterov",
                 "-gl", f"{1.0 if self.global_lr is None else self.global_lr:g}",

@@ -50,15 +50,20 @@ AGGREGATION_BY_SPLIT = {
     1: dict(aggregation="sum", outer_momentum=0.0, nesterov=False, global_lr=1.0),
     2: dict(aggregation="sum", outer_momentum=0.5, nesterov=False, global_lr=1.0),
 }
-# --comm-share by data split: on i.i.d. shards rounds are stretched until the exchange takes at
-# most 10% of a round; by-class shards (-s 1, -s 2) keep rounds of one slowest iteration, since
-# every extra local step on one device's classes is drift (FedAvg's local-epochs trade-off; a
-# 2-worker -s 1 cluster test fell to chance with stretched rounds).
-COMM_SHARE_IID, COMM_SHARE_BY_CLASS = 0.1, 1.0
-# --overlap by data split: on i.i.d. shards the exchange runs while the next round computes
-# (docs/benchmark/report.md: it computes more of the time on loopback and on shaped links); on
-# by-class shards a one-round-late aggregate is one more round of drift, so it stays off.
-OVERLAP_IID, OVERLAP_BY_CLASS = True, False
+# --comm-share and --overlap by data split and link. By-class shards (-s 1, -s 2) keep rounds of
+# one slowest iteration and no overlap, since every extra local step on one device's classes is
+# drift (FedAvg's local-epochs trade-off; a 2-worker -s 1 cluster test fell to chance with
+# stretched rounds) and a one-round-late aggregate is one more round of it. On i.i.d. shards:
+# - links to other machines, or shaped ones: rounds stretched until the exchange takes at most
+#   10% of a round, and the exchange overlapped with the next round (docs/benchmark-fp16: with
+#   float16 deltas 0.85 in 22.9 s against 26.2 s for one device on 69 Mbit links);
+# - free links (every process on this machine, no rate): rounds of one slowest iteration, no
+#   overlap. docs/benchmark-loopback-rounds (3 repeats): 0.85 in 12.9 s (12.7-16.6) against
+#   16.8 s (16.5-17.3) overlapped, 19.0 s stretched to 10%, ASGD 20.9 s (20.4-24.1): where the
+#   exchange costs little, a shorter round (less drift) and a fresh aggregate are worth more
+#   than the compute an overlap or a longer round adds.
+COMM_SHARE_IID, COMM_SHARE_FREE_LINKS, COMM_SHARE_BY_CLASS = 0.1, 1.0, 1.0
+OVERLAP_IID, OVERLAP_FREE_LINKS, OVERLAP_BY_CLASS = True, False, False
 # --comm-dtype by link: float16 deltas where the launcher shapes the links (--net netns with a
 # rate), float32 otherwise. docs/benchmark-fp16 (3 repeats, i.i.d.): on 69 Mbit links float16
 # reached 0.85 in 22.9 s (21.9-23.1) against 25.5 s (24.5-26.9); on loopback it saves nothing
@@ -118,12 +123,14 @@ def build_parser() -> argparse.ArgumentParser:
         " (default: on with the outer momentum of -s 0, off on by-class data)")
     parser._option_string_actions["--comm-share"].help = (
         "the state server stretches rounds so that the measured exchange takes at most this "
-        f"share of a round (default by data split: {COMM_SHARE_IID:g} on i.i.d. data, "
-        f"{COMM_SHARE_BY_CLASS:g} (rounds of one slowest iteration) with -s 1 or -s 2, where "
-        "longer rounds are more drift)")
+        f"share of a round (default by data split and link: {COMM_SHARE_IID:g} on i.i.d. data "
+        f"over shaped links or other machines' links, {COMM_SHARE_FREE_LINKS:g} (rounds of one "
+        "slowest iteration) over free links (--net loopback, or netns without a rate), "
+        f"{COMM_SHARE_BY_CLASS:g} with -s 1 or -s 2, where longer rounds are more drift)")
     parser._option_string_actions["--overlap"].help += (
-        f" (default by data split: {'on' if OVERLAP_IID else 'off'} on i.i.d. data, "
-        f"{'on' if OVERLAP_BY_CLASS else 'off'} with -s 1 or -s 2)")
+        f" (default by data split and link: {'on' if OVERLAP_IID else 'off'} on i.i.d. data "
+        f"over shaped links or other machines' links, {'on' if OVERLAP_FREE_LINKS else 'off'} "
+        f"over free links, {'on' if OVERLAP_BY_CLASS else 'off'} with -s 1 or -s 2)")
     parser._option_string_actions["--comm-dtype"].help += (
         f" (default by link: {COMM_DTYPE_SHAPED} for -m esync with --net netns and a "
         f"--bandwidth or --server-bandwidth, {COMM_DTYPE_FREE} otherwise)")
@@ -219,12 +226,15 @@ def parse(parser, argv) -> argparse.Namespace:
     if args.backend != "local" and args.net != "loopback":
         raise UsageError(f"--net {args.net} emulates hosts on this machine: it needs "
                              f"--backend local, not --backend {args.backend}")
+    shaped = args.net == "netns" and bool(args.bandwidth or args.server_bandwidth)
+    free_links = args.backend == "local" and not shaped     # every process here, no rate
     if args.comm_share is None:
-        args.comm_share = COMM_SHARE_BY_CLASS if args.split_by_class else COMM_SHARE_IID
+        args.comm_share = (COMM_SHARE_BY_CLASS if args.split_by_class
+                           else COMM_SHARE_FREE_LINKS if free_links else COMM_SHARE_IID)
     if args.overlap is None:
-        args.overlap = OVERLAP_BY_CLASS if args.split_by_class else OVERLAP_IID
+        args.overlap = (OVERLAP_BY_CLASS if args.split_by_class
+                        else OVERLAP_FREE_LINKS if free_links else OVERLAP_IID)
     if args.comm_dtype is None:
-        shaped = args.net == "netns" and bool(args.bandwidth or args.server_bandwidth)
         args.comm_dtype = (COMM_DTYPE_SHAPED if shaped and args.mode == "esync"
                            else COMM_DTYPE_FREE)
     _aggregation_for_split(args)
