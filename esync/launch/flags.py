@@ -25,9 +25,9 @@ from esync.launch.backends.netns import add_network_args, layout_from_args
 CLUSTER_LR = 0.05 / 64
 # ESync's aggregation depends on the data split (AGGREGATION_BY_SPLIT). main.py keeps the
 # original's plain mean; `--aggregation mean --outer-momentum 0 --no-nesterov -gl 1` here too.
-# Rounds are stretched so that the exchange takes at most 10% of a round (i.i.d. data), up to
-# 5 s (docs/ALGORITHM.md, "Rounds sized by compute and transfer"); `--comm-share 1` is the
-# original.
+# Rounds last one slowest iteration (the original's) or, on i.i.d. data over links that cost, are
+# stretched so that the exchange takes at most 10% of a round, up to 5 s (COMM_SHARE_*, below;
+# docs/ALGORITHM.md, "Rounds sized by compute and transfer").
 CLUSTER_DEFAULTS = dict(network="lenet", cpu=1, learning_rate=CLUSTER_LR, local_lr=CLUSTER_LR,
                         eval_duration=10, max_seconds=90.0, mode="esync",
                         aggregation=None, outer_momentum=None, nesterov=None, global_lr=None,
