@@ -271,3 +271,15 @@ def test_checkpoints_every_n_seconds_fall_on_the_first_round_past_each_interval(
            if TrainingLoop._checkpoint_due(loop, r, t)]
     assert due == [3, 6, 8]                 # at 4.5 s, 8.6 s (>= 4.5 + 4), 13 s
     assert TrainingLoop._checkpoint_due(loop, 8, 13.0)     # asked again: the same answer
+
+
+def test_scaffold_with_the_sum_rule_warns_and_runs(capsys):
+    """Measured at chance on by-class data (README, "By-class data"): said once, not refused."""
+    args = cli.parse_args(["-m", "esync", "--scaffold", "--aggregation", "sum"])
+    assert args.scaffold and args.aggregation == "sum"
+    warning = capsys.readouterr().err
+    assert "warning: --scaffold with --aggregation sum" in warning and "mean or fednova" in warning
+    for rule in ("mean", "fednova"):
+        cli.parse_args(["-m", "esync", "--scaffold", "--aggregation", rule])
+        cli.parse_args(["-m", "esync", "--aggregation", "sum"])
+    assert capsys.readouterr().err == ""
