@@ -452,6 +452,7 @@ def test_resume_continues_with_the_outer_momentum(tmp_path, fashion_dir_factory)
 
 
 PLANNED_MAX_ROUND = 2.0     # stretched rounds bounded at 2 s (the launcher's 5 s: a slower test)
+PLANNED_SHARE = 0.1         # stretched rounds (the launcher keeps 1 on loopback, free links)
 
 
 @pytest.fixture(scope="module")
@@ -462,8 +463,8 @@ def planned_run(tmp_path_factory, small_data):
     run_cluster(log_dir, small_data, "-m", "esync", "--policy", "planned", *ORIGINAL_ROUNDS,
                 "--workers", 4,
                 "--slowdown", "1,1,2,4", "-b", 16, "--max-rounds", 14, "-e", 14,
-                "--max-round-seconds", PLANNED_MAX_ROUND, "--max-seconds", 0,
-                "--no-evaluator", timeout=400)
+                "--max-round-seconds", PLANNED_MAX_ROUND, "--comm-share", PLANNED_SHARE,
+                "--max-seconds", 0, "--no-evaluator", timeout=400)
     return {rounds[0]["rank"]: rounds
             for rounds in device_logs(log_dir / "lenet" / "esync").values()}
 
@@ -482,8 +483,8 @@ def test_planned_policy_keeps_http_off_every_workers_round(planned_run):
 def test_planned_k_per_round_follows_the_policy_for_the_reported_durations(planned_run):
     """Rank 0 logs every round's reported (k, c, d, o) and which round's plan it sent to
     everyone in that exchange; the next round's k_i of all workers must be the planned policy's
-    answer for those reports: a JobState (the state server's own) with the launcher's round
-    sizing, fed the same reports in order."""
+    answer for those reports: a JobState (the state server's own) with the run's round sizing,
+    fed the same reports in order."""
     from esync.coordination.job import JobState
     from esync.coordination.rules import RoundSizing
     rank0 = {r["num_iters"]: r for r in planned_run[0]}
@@ -491,7 +492,7 @@ def test_planned_k_per_round_follows_the_policy_for_the_reported_durations(plann
     used = {r + 1: log["plan_sent_from_round"] for r, log in rank0.items()
             if log.get("plan_sent_from_round") and r + 1 in ks}
     job = JobState(num_workers=4, policy="planned",
-                   sizing=RoundSizing(comm_share=0.1, max_round=PLANNED_MAX_ROUND))
+                   sizing=RoundSizing(comm_share=PLANNED_SHARE, max_round=PLANNED_MAX_ROUND))
     plans = {t: job.report_round(t, log["reported_k"], log["reported_c"], log["reported_d"],
                                  log["reported_o"]).plan
              for t, log in sorted(rank0.items()) if "reported_k" in log}
