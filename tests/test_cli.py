@@ -281,5 +281,5 @@ def test_scaffold_with_the_sum_rule_warns_and_runs(capsys):
     assert "warning: --scaffold with --aggregation sum" in warning and "mean or fednova" in warning
     for rule in ("mean", "fednova"):
         cli.parse_args(["-m", "esync", "--scaffold", "--aggregation", rule])
-        cli.parse_args(["-m", "esync", "--aggregation", "sum"])
+    cli.parse_args(["-m", "esync", "--aggregation", "sum"])
     assert capsys.readouterr().err == ""
