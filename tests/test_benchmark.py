@@ -294,7 +294,13 @@ def test_aggregations_parse_into_row_names_labels_and_flags():
         "fednova, comm. share 0.2, overlap, FedProx mu 0.1, SCAFFOLD, float16 deltas")
     assert rounds.argv()[-8:] == ["--overlap", "--prox-mu", "0.1", "--scaffold",
                                   "--comm-dtype", "float16", "--comm-share", "0.2"]
-    for bad in ("mean+share=0", "mean+share=2", "mean+prox=-1", "mean+overlapping"):
+    (bounded,) = options.parse_aggregations("weighted+overlap+round=0.75")
+    assert (bounded.slug, bounded.label, bounded.text) == (
+        "weighted-round0.75-overlap", "weighted, rounds <= 0.75 s, overlap",
+        "weighted+round=0.75+overlap")
+    assert bounded.argv()[-2:] == ["--max-round-seconds", "0.75"]
+    for bad in ("mean+share=0", "mean+share=2", "mean+prox=-1", "mean+overlapping",
+                "mean+round=0"):
         with pytest.raises(options.UsageError, match="is not"):
             options.parse_aggregations(bad)
 

@@ -95,12 +95,13 @@ def parse_lr_grid(text: str) -> list[float] | None:
 @dataclass(frozen=True)
 class Aggregation:
     """One ESync row: an aggregation rule, optionally with outer momentum and -gl, a round
-    sizing (``share=S``: --comm-share) and ``overlap``."""
+    sizing (``share=S``: --comm-share; ``round=T``: --max-round-seconds) and ``overlap``."""
     rule: str
     momentum: float = 0.0
     nesterov: bool = False
     global_lr: float | None = None
     comm_share: float | None = None
+    max_round: float | None = None   # --max-round-seconds (None: the launcher's)
     overlap: bool = False
     prox_mu: float = 0.0
     scaffold: bool = False
@@ -116,6 +117,8 @@ class Aggregation:
             parts.append(f"gl{self.global_lr:g}")
         if self.comm_share is not None:
             parts.append(f"share{self.comm_share:g}")
+        if self.max_round is not None:
+            parts.append(f"round{self.max_round:g}")
         if self.overlap:
             parts.append("overlap")
         if self.prox_mu:
@@ -136,6 +139,8 @@ class Aggregation:
             text += f", gl {self.global_lr:g}"
         if self.comm_share is not None:
             text += f", comm. share {self.comm_share:g}"
+        if self.max_round is not None:
+            text += f", rounds <= {self.max_round:g} s"
         if self.overlap:
             text += ", overlap"
         if self.prox_mu:
@@ -156,6 +161,8 @@ class Aggregation:
             parts.append(f"gl={self.global_lr:g}")
         if self.comm_share is not None:
             parts.append(f"share={self.comm_share:g}")
+        if self.max_round is not None:
+            parts.append(f"round={self.max_round:g}")
         parts += ["overlap"] * self.overlap + ([f"prox={self.prox_mu:g}"] if self.prox_mu else [])
         parts += ["scaffold"] * self.scaffold + ["fp16"] * self.fp16
         return "+".join(parts)
@@ -171,6 +178,8 @@ class Aggregation:
                 "--comm-dtype", "float16" if self.fp16 else "float32"]
         if self.comm_share is not None:
             argv += ["--comm-share", f"{self.comm_share:g}"]
+        if self.max_round is not None:
+            argv += ["--max-round-seconds", f"{self.max_round:g}"]
         return argv
 
     @property
@@ -178,7 +187,7 @@ class Aggregation:
         return self == Aggregation("mean")
 
 
-_PART = re.compile(r"(nesterov|momentum|gl|share|prox)=([0-9.eE+-]+)")
+_PART = re.compile(r"(nesterov|momentum|gl|share|round|prox)=([0-9.eE+-]+)")
 
 
 def parse_aggregations(text: str, flag: str = "--aggregations") -> list[Aggregation]:
@@ -199,16 +208,19 @@ def parse_aggregations(text: str, flag: str = "--aggregations") -> list[Aggregat
                 continue
             match = _PART.fullmatch(extra.strip())
             value = _float_or_none(match.group(2)) if match else None
-            if value is None or value < 0 or (match.group(1) in ("gl", "share") and value == 0) \
+            if value is None or value < 0 or (match.group(1) in ("gl", "share", "round")
+                                              and value == 0) \
                     or (match.group(1) == "share" and value > 1):
                 raise UsageError(f"argument {flag}: {extra!r} in {item!r} is not "
                                  "nesterov=M, momentum=M, gl=G, share=S (0 < S <= 1), "
-                                 "prox=MU, overlap, scaffold or fp16, with numbers M, MU >= 0, "
-                                 "G > 0")
+                                 "round=T (seconds), prox=MU, overlap, scaffold or fp16, with "
+                                 "numbers M, MU >= 0, G, T > 0")
             if match.group(1) == "gl":
                 fields["global_lr"] = value
             elif match.group(1) == "share":
                 fields["comm_share"] = value
+            elif match.group(1) == "round":
+                fields["max_round"] = value
             elif match.group(1) == "prox":
                 fields["prox_mu"] = value
             else:
@@ -302,7 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--modes", default=",".join(modes.BENCHMARK_NAMES),
                    help="comma-separated subset of " + ", ".join(modes.NAMES))
     r.add_argument("--aggregations", default=DEFAULT_AGGREGATIONS,
-                   help="ESync rows, one per item: RULE[+nesterov=M|+momentum=M][+gl=G][+share=S]"
+                   help="ESync rows, one per item: RULE[+nesterov=M|+momentum=M][+gl=G][+share=S][+round=T]"
                         "[+overlap][+prox=MU][+scaffold][+fp16 (float16 deltas)] with "
                         "RULE one of " + ", ".join(AGGREGATION_RULES))
     r.add_argument("--byclass-aggregations", default=DEFAULT_BYCLASS_AGGREGATIONS,
