@@ -16,6 +16,7 @@ from pathlib import Path
 from esync.common import modes
 from esync.benchmark import stats
 from esync.benchmark.emulation import describe as describe_emulation
+from esync.benchmark.metrics import TUNING_TOLERANCE
 from esync.benchmark.options import canonical_command
 from esync.benchmark.plan import (CLUSTER_EVAL, SHIFTING, Job, Setting, display_argv, sync_cap,
                                   sync_target)
@@ -109,7 +110,8 @@ def tuning_section(args, tuning: dict | None, rows, labels: dict) -> list[str]:
           f"the batch) is the best of the grid {', '.join(f'{v:g}' for v in args.lr_grid)}: one short "
           f"run ({args.tune_budget:g} s of training) per value, once per row (not per repeat), "
           f"on loopback with seed {args.seed}, on the row's own data split (a by-class row is "
-          "tuned on by-class data); the best final test accuracy wins (ties: the smaller rate). "
+          "tuned on by-class data); the best final test accuracy wins, or the smallest rate within "
+          f"{TUNING_TOLERANCE:g} of it (one short run cannot tell them apart). "
           "Shaped-link rows use the value of their loopback row, the shifting scenario's rows "
           "that of their static row. Cells: the short run's final test accuracy; **bold**: "
           "chosen. A row whose best value was at an edge of the values it tried got the next "
