@@ -1157,9 +1157,12 @@ def test_estimate_is_the_budgets_plus_the_measured_overhead(data_dir, tmp_path, 
     rows = plan.rows(args)
     jobs = plan.tuning_jobs(args, tmp_path, rows) + plan.full_jobs(
         args, tmp_path, rows, plan.settings(args, RATES), {"sync": 0.001, "local": 0.001})
-    # tuning: sync 10 + 20.6, local 10 + (10 + 5); per repeat: sync loopback 120 + 21.8,
-    # netns 120 + 24.1 (SSGD's cap: 3 x 40), local 40 + (10 + 20).
-    expected = (30.6 + 25) + 2 * (141.8 + 144.1 + 70) + plan.FIXED_OVERHEAD_S
+    # tuning: sync 10 + its overhead, local 10 + (fixed + share x 10); per repeat: sync on
+    # loopback and on netns 120 (SSGD's cap: 3 x 40) + overhead, local 40 + (fixed + share x 40).
+    over, (fixed, share) = plan.OVERHEAD_S, plan.STANDALONE_OVERHEAD_S
+    tuning = (10 + over["tune"]) + (10 + fixed + share * 10)
+    per_repeat = (120 + over["loopback"]) + (120 + over["netns"]) + (40 + fixed + share * 40)
+    expected = tuning + 2 * per_repeat + plan.FIXED_OVERHEAD_S
     assert plan.estimate(jobs)["total_s"] == pytest.approx(expected)
 
 
@@ -1185,7 +1188,7 @@ def test_dry_run_prints_the_plan_and_the_estimate(data_dir, tmp_path, full_launc
     text = capsys.readouterr().out
     assert ("plan: 2 full run(s): 2 repeat(s) (seeds 1, 2) × 1 (loopback 1) of 40 s; SSGD's 1 "
             "i.i.d. run(s) per repeat until 0.85 or 120 s") in text
-    minutes = (2 * (120 + 21.8) + plan.FIXED_OVERHEAD_S) / 60
+    minutes = (2 * (120 + plan.OVERHEAD_S["loopback"]) + plan.FIXED_OVERHEAD_S) / 60
     assert f"estimated time: {minutes:.0f} min" in text
     assert "[rep 2 loopback sync] python -m esync.launch -m sync" in text and not out.exists()
 

@@ -32,11 +32,12 @@ SHIFT_MODES = ("esync", "sync", "async")
 SHIFT_POLICIES = ("dynamic", "planned")
 
 # Seconds a run takes beyond its budget (start-up, the evaluator's catch-up, the summary), as
-# measured in the last full benchmark (docs/benchmark/report.md: 2 cores, sleep emulation; the
-# means of its runs' seconds minus their budgets). A standalone run also scores the test set
-# inline every -e iterations, which its training-time budget leaves out: about half its budget.
-OVERHEAD_S = {"loopback": 21.8, "netns": 24.1, "tune": 20.6}
-STANDALONE_OVERHEAD_S = (10.0, 0.5)     # fixed seconds, fraction of the budget
+# measured in the last full benchmark (docs/benchmark/report.md, 2026-11-25: 2 cores, CPU caps;
+# the means of its runs' seconds minus their budgets). A standalone run also scores the test set
+# inline every -e iterations, which its training-time budget leaves out: 7.1 s over a 10 s
+# budget, 19.0 s over 40 s, i.e. 3 s plus 0.4 of the budget.
+OVERHEAD_S = {"loopback": 9.7, "netns": 12.8, "tune": 9.3}
+STANDALONE_OVERHEAD_S = (3.0, 0.4)      # fixed seconds, fraction of the budget
 FIXED_OVERHEAD_S = 30.0                 # measuring the shaped rate, the report, the figures
 # SSGD's i.i.d. runs may go on to this many budgets to reach the target (Table 1's speedup). In
 # the last report SSGD reached 0.71 in 60 s on loopback (0.46 with shaped links): 3 budgets
