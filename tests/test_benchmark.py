@@ -483,7 +483,8 @@ def test_ties_go_to_the_smaller_rate(tmp_path):
 
 def test_a_smaller_rate_within_the_tolerance_of_the_best_wins(tmp_path):
     near = metrics.TUNING_TOLERANCE / 2
-    jobs = [synthetic_job(tmp_path, "sync", 0.003, -near), synthetic_job(tmp_path, "sync", 0.01, 0.0),
+    jobs = [synthetic_job(tmp_path, "sync", 0.003, -near),
+            synthetic_job(tmp_path, "sync", 0.01, 0.0),
             synthetic_job(tmp_path, "sync", 0.001, -3 * metrics.TUNING_TOLERANCE)]
     assert metrics.best_learning_rates(jobs)["sync"]["lr"] == 0.003
 

@@ -274,7 +274,8 @@ def test_checkpoints_every_n_seconds_fall_on_the_first_round_past_each_interval(
 
 
 def test_scaffold_with_the_sum_rule_warns_and_runs(capsys):
-    """Measured at chance on by-class data (docs/RESULTS.md, "By-class data"): said once, not refused."""
+    """Measured at chance on by-class data (docs/RESULTS.md, "By-class data"): said once, not
+    refused."""
     args = cli.parse_args(["-m", "esync", "--scaffold", "--aggregation", "sum"])
     assert args.scaffold and args.aggregation == "sum"
     warning = capsys.readouterr().err

@@ -314,7 +314,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--modes", default=",".join(modes.BENCHMARK_NAMES),
                    help="comma-separated subset of " + ", ".join(modes.NAMES))
     r.add_argument("--aggregations", default=DEFAULT_AGGREGATIONS,
-                   help="ESync rows, one per item: RULE[+nesterov=M|+momentum=M][+gl=G][+share=S][+round=T]"
+                   help="ESync rows, one per item: RULE[+nesterov=M|+momentum=M][+gl=G]"
+                        "[+share=S][+round=T (rounds of at most T s)]"
                         "[+overlap][+prox=MU][+scaffold][+fp16 (float16 deltas)] with "
                         "RULE one of " + ", ".join(AGGREGATION_RULES))
     r.add_argument("--byclass-aggregations", default=DEFAULT_BYCLASS_AGGREGATIONS,
