@@ -103,9 +103,17 @@ def throughput_from_devices(summary: dict) -> float:
 
 
 def time_to(summary: dict, target: float):
+    """When the evaluator's curve crossed ``target``, linearly between the checkpoints around
+    the crossing (the report's rule)."""
     ev = summary["_evaluator"]
-    hits = sorted(t for t, a in zip(ev["elapsed_time_list"], ev["accuracy_list"]) if a >= target)
-    return hits[0] if hits else None
+    pairs = sorted(zip(ev["elapsed_time_list"], ev["accuracy_list"]))
+    for i, (t, a) in enumerate(pairs):
+        if a >= target:
+            if i == 0:
+                return t
+            t0, a0 = pairs[i - 1]
+            return t0 + (t - t0) * (target - a0) / (a - a0)
+    return None
 
 
 def test_runs_every_row_and_exits_zero(bench):
@@ -387,6 +395,22 @@ def test_standalone_and_by_class_rows_run_in_the_first_setting_only(data_dir, tm
     assert rep1 == [("loopback", "sync"), ("loopback", "local"), ("loopback", "sync-niid"),
                     ("netns", "sync")]
     assert len(jobs) == 8
+    # by-class rows train for --byclass-budget, by default 1.5 x --budget
+    budgets = {(j.name, j.setting.name): j.budget for j in jobs if j.rep == 1}
+    assert budgets[("sync-niid", "loopback")] == 1.5 * args.budget
+    assert budgets[("local", "loopback")] == args.budget
+    niid = next(j for j in jobs if j.name == "sync-niid")
+    assert niid.argv[niid.argv.index("--max-seconds") + 1] == repr(1.5 * args.budget)
+    args = args_for(data_dir, tmp_path, "--modes", "sync", "--byclass-budget", "70",
+                    "--byclass-tune-budget", "25", "--repeats", "1", "--scenarios", "static",
+                    "--sync-cap-seconds", "40")
+    rows = plan.rows(args)
+    full = plan.full_jobs(args, tmp_path, rows, plan.settings(args, RATES),
+                          {"sync": 0.001, "sync-niid": 0.0003})
+    assert {j.name: j.budget for j in full if j.setting.name == "loopback"} == {
+        "sync": args.budget, "sync-niid": 70.0}
+    assert {j.row.group: j.budget for j in plan.tuning_jobs(args, tmp_path, rows)} == {
+        "sync": args.tune_budget, "sync-niid": 25.0}
 
 
 def test_tuning_runs_each_row_on_its_own_data_with_each_value(data_dir, tmp_path,
@@ -394,10 +418,11 @@ def test_tuning_runs_each_row_on_its_own_data_with_each_value(data_dir, tmp_path
     args = args_for(data_dir, tmp_path, "--modes", "async,dcasgd", "--tune-lr", "0.01,0.001",
                     "--tune-budget", "5", "--scenarios", "static")
     jobs = plan.tuning_jobs(args, tmp_path, plan.rows(args), plan.settings(args, RATES)[0])
+    # by-class rows tune for --byclass-tune-budget, by default twice --tune-budget
     assert [(j.row.group, j.lr, j.budget) for j in jobs] == [
         ("async", 0.001, 5.0), ("async", 0.01, 5.0), ("dcasgd", 0.001, 5.0),
-        ("dcasgd", 0.01, 5.0), ("async-niid", 0.001, 5.0), ("async-niid", 0.01, 5.0),
-        ("dcasgd-niid", 0.001, 5.0), ("dcasgd-niid", 0.01, 5.0)]
+        ("dcasgd", 0.01, 5.0), ("async-niid", 0.001, 10.0), ("async-niid", 0.01, 10.0),
+        ("dcasgd-niid", 0.001, 10.0), ("dcasgd-niid", 0.01, 10.0)]
     assert jobs[2].argv[jobs[2].argv.index("-dcasgd") + 1] == "1"
     assert "-s" not in jobs[0].argv and jobs[4].argv[jobs[4].argv.index("-s") + 1] == "1"
     full = plan.full_jobs(args, tmp_path, plan.rows(args), plan.settings(args, RATES)[:1],
@@ -476,6 +501,22 @@ def test_a_best_rate_at_an_edge_widens_the_grid_a_step_beyond_it(data_dir, tmp_p
     assert plan.widening_jobs(args, tmp_path, rows, far) == []
 
 
+def test_tuning_scores_the_mean_of_the_second_half_not_the_last_checkpoint(tmp_path):
+    # "steady" holds 0.6 over its second half; "lucky" swings and ends higher, at 0.7
+    curves = {0.001: [(1, 1.0, 0.3), (2, 2.0, 0.6), (3, 3.0, 0.6), (4, 4.0, 0.6)],
+              0.003: [(1, 1.0, 0.3), (2, 2.0, 0.3), (3, 3.0, 0.4), (4, 4.0, 0.7)]}
+    jobs = []
+    for lr, records in curves.items():
+        job = synthetic_job(tmp_path, "sync", lr, 0.0)
+        folder = tmp_path / f"sync-{lr}" / logmaker.NETWORK / "sync"
+        logmaker.write_evaluations(folder, records)
+        job.summary = summary_mod.summarize(folder)
+        jobs.append(job)
+    chosen = metrics.best_learning_rates(jobs)["sync"]
+    assert chosen["scores"] == {0.001: pytest.approx(0.6), 0.003: pytest.approx(1.4 / 3)}
+    assert chosen["lr"] == 0.001
+
+
 def test_ties_go_to_the_smaller_rate(tmp_path):
     jobs = [synthetic_job(tmp_path, "sync", lr, 0.0) for lr in (0.01, 0.001)]
     assert metrics.best_learning_rates(jobs)["sync"]["lr"] == 0.001
@@ -519,6 +560,9 @@ def test_tc_rates_read_back(text, bit_s):
 # ----------------------------------------------------------------------------- report
 
 # Per setting and row: seconds added to logmaker's evaluation times in repeats 1 and 2.
+# logmaker's ESync crosses 0.80 between 0.5 at 1 s and 0.81 at 2 s: the report's time to it
+# (interpolated) is this, plus the shift.
+CROSSING = 1 + 0.30 / 0.31
 SHIFTS = {"loopback": {"esync-mean": (0, 1), "sync": (0, 2)},
           "netns": {"esync-mean": (-1, 0), "sync": (0, 2)},
           "shifting": {"esync-mean-dynamic": (0, 1), "esync-mean-planned": (1.5, 1.5)}}
@@ -529,7 +573,8 @@ def synthetic(data_dir, tmp_path, full_launcher):
     """report.render over logmaker's logs, two repeats: esync (mean), sync, local in two network
     settings, and the shifting scenario's rows. Budget 4 s, target 0.80; SSGD's static runs are
     extended (their records after 4 s count only for Table 1). Evaluation times are shifted per
-    repeat by ``SHIFTS``: loopback ESync reaches 0.80 at 2 s and 3 s, shaped links at 1 s and
+    repeat by ``SHIFTS``: loopback ESync scores 0.80 first at 2 s and 3 s (crossed at ``CROSSING``
+    and ``CROSSING`` + 1), shaped links at 1 s and
     2 s; SSGD at 6 s and 8 s (after the budget); standalone SGD at 0.75 s in both."""
     args = args_for(data_dir, tmp_path, "--modes", "esync,sync,local", "--aggregations", "mean",
                     "--no-niid", "--tune-lr", "0.001,0.003", "--repeats", "2", "--budget", "4",
@@ -595,9 +640,12 @@ def section_row(text, heading, name):
 
 def test_report_shows_medians_and_ranges_side_by_side(synthetic_report):
     # SSGD cut at the 4 s budget never reached 0.80 (its median: > 4 s): a lower bound.
+    loopback, shaped = CROSSING + 0.5, CROSSING - 0.5      # medians of the two repeats
     assert side_by_side_row(synthetic_report, "esync-mean")[1:] == [
-        "2.5 (2.0–3.0)", "> 1.60×", "0.30× (over Standalone SGD)", "0.860 (0.860–0.860)",
-        "1.5 (1.0–2.0)", "> 2.67×", "0.50× (over Standalone SGD)", "0.860 (0.860–0.860)"]
+        "2.5 (2.0–3.0)", f"> {4 / loopback:.2f}×", f"{0.75 / loopback:.2f}× (over Standalone SGD)",
+        "0.860 (0.860–0.860)",
+        "1.5 (1.0–2.0)", f"> {4 / shaped:.2f}×", f"{0.75 / shaped:.2f}× (over Standalone SGD)",
+        "0.860 (0.860–0.860)"]
     # Not reached within the budget: at most 0.75 s / 4 s as fast as standalone SGD; its final
     # accuracy is the last record within the budget: 0.7 at 4 s, 0.4 at 4 s (+2 s).
     assert side_by_side_row(synthetic_report, "sync")[1:5] == [
@@ -610,7 +658,8 @@ def test_table1_gives_ssgd_its_longer_run(synthetic_report):
     assert section_row(synthetic_report, heading, "sync")[1:] == [
         "7.0 (6.0–8.0)", "—", "7.0 (6.0–8.0)", "—"]
     assert section_row(synthetic_report, heading, "esync-mean")[1:] == [
-        "2.5 (2.0–3.0)", "2.80×", "1.5 (1.0–2.0)", "4.67×"]
+        "2.5 (2.0–3.0)", f"{7 / (CROSSING + 0.5):.2f}×", "1.5 (1.0–2.0)",
+        f"{7 / (CROSSING - 0.5):.2f}×"]
     assert section_row(synthetic_report, heading, "local")[1:3] == ["0.8 (0.8–0.8)", "9.33×"]
     assert "- loopback: SSGD reached 0.80 in every run." in synthetic_report
 
@@ -621,8 +670,9 @@ def test_shifting_scenario_has_its_own_table(synthetic_report):
     assert "`--speed-schedule cpu1:1@0,6@2`" in synthetic_report
     dynamic = section_row(synthetic_report, heading, "esync-mean-dynamic")
     planned = section_row(synthetic_report, heading, "esync-mean-planned")
-    assert dynamic[1:4] == ["2.5 (2.0–3.0)", "2.40×", "0.860 (0.860–0.860)"]
-    assert planned[1:3] == ["3.5 (3.5–3.5)", "1.71×"]
+    assert dynamic[1:4] == ["2.5 (2.0–3.0)", f"{6 / (CROSSING + 0.5):.2f}×",
+                            "0.860 (0.860–0.860)"]
+    assert planned[1:3] == ["3.5 (3.5–3.5)", f"{6 / (CROSSING + 1.5):.2f}×"]
     names = [ln.split("(`")[1].split("`")[0] for ln in
              synthetic_report.split(heading)[1].split("\n## ")[0].splitlines()
              if ln.startswith("| ") and "(`" in ln]
@@ -644,13 +694,17 @@ def test_benchmark_json_keeps_every_repeat_and_the_aggregates(synthetic):
                          emulation=synthetic["emulation"], standalone=synthetic["standalone"])
     data = json.loads((synthetic["out"] / "benchmark.json").read_text())
     loop = data["settings"]["loopback"]
-    assert [m["time_to_target"] for m in loop["rows"]["esync-mean"]] == [2.0, 3.0]
+    times = [CROSSING, CROSSING + 1]
+    assert [m["time_to_target"] for m in loop["rows"]["esync-mean"]] == pytest.approx(times)
+    assert [m["time_to_target_checkpoint"] for m in loop["rows"]["esync-mean"]] == [2.0, 3.0]
     assert [m["time_to_target_uncut"] for m in loop["rows"]["sync"]] == [6.0, 8.0]
     assert loop["aggregates"]["esync-mean"]["time"] == {
-        "median": 2.5, "min": 2.0, "max": 3.0, "n": 2, "reached": 2, "values": [2.0, 3.0]}
+        "median": pytest.approx(CROSSING + 0.5), "min": pytest.approx(times[0]),
+        "max": pytest.approx(times[1]), "n": 2, "reached": 2, "values": pytest.approx(times)}
     assert loop["aggregates"]["sync"]["time"]["median"] is None          # not reached: null
     assert loop["aggregates"]["esync-mean"]["vs_sync"] == {
-        "value": 1.6, "bound": ">", "overlap": False, "other": "sync"}
+        "value": pytest.approx(4 / (CROSSING + 0.5)), "bound": ">", "overlap": False,
+        "other": "sync"}
     assert data["config"]["seeds"] == [1, 2]
     assert sorted({(r["rep"], r["seed"]) for r in data["runs"]}) == [(1, 1), (2, 2)]
 
@@ -658,7 +712,9 @@ def test_benchmark_json_keeps_every_repeat_and_the_aggregates(synthetic):
 def test_report_gives_the_grid_with_the_chosen_rate_in_bold(synthetic_report):
     line = next(ln for ln in synthetic_report.splitlines() if ln.startswith("| SSGD (`sync`)")
                 and "**" in ln)
-    assert line == f"| SSGD (`sync`) | {0.84 - 0.3:.3f} | **0.840** | 0.003 |"
+    # scores: the mean of the checkpoints of each run's second half (4, 6 and 8 s of 8)
+    second_half = (0.7 + 0.8 + 0.84) / 3
+    assert line == f"| SSGD (`sync`) | {second_half - 0.3:.3f} | **{second_half:.3f}** | 0.003 |"
 
 
 def test_report_states_how_the_shaped_rate_was_derived(synthetic_report):
@@ -813,13 +869,18 @@ def test_a_longer_run_is_cut_at_its_first_record_at_or_after_the_budget():
     assert metrics.accuracy_until(summary, 9.0)[0] == [2.0, 3.5, 5.0, 7.0]
     m = metrics.run_metrics(summary, metrics.physical_limit(None, [1]), standalone=False,
                             target=0.8, horizon=4.0)
+    # 0.80 crossed between 0.7 at 3.5 s and 0.81 at 5 s; the checkpoint after it: 5 s
+    crossed = 3.5 + 1.5 * 0.1 / 0.11
     assert (m["final_accuracy"], m["time_to_target"], m["time_to_target_uncut"],
-            m["cut_s"], m["last_record_s"]) == (0.81, 5.0, 5.0, 5.0, 7.0)
+            m["time_to_target_checkpoint"], m["cut_s"], m["last_record_s"]) == (
+        0.81, pytest.approx(crossed), pytest.approx(crossed), 5.0, 5.0, 7.0)
     m = metrics.run_metrics(summary, metrics.physical_limit(None, [1]), standalone=False,
                             target=0.85, table1_target=0.8, horizon=4.0)
-    assert (m["time_to_target"], m["time_to_target_uncut"]) == (None, 7.0)
+    assert (m["time_to_target"], m["time_to_target_uncut"]) == (
+        None, pytest.approx(5.0 + 2.0 * 0.04 / 0.09))
     # Table 1 has its own target (the paper's 0.80), beside the comparisons' 0.85
-    assert (m["time_to_table1"], m["time_to_table1_uncut"]) == (5.0, 5.0)
+    assert (m["time_to_table1"], m["time_to_table1_uncut"]) == (
+        pytest.approx(crossed), pytest.approx(crossed))
     # The figures end with the runs that kept the budget, not with SSGD's longer ones.
     per_rep = {"sync": [{"horizon": 4.0, "last_record_s": 7.0}],
                "esync": [{"horizon": None, "last_record_s": 4.5}, None]}
@@ -901,8 +962,9 @@ def test_ssgd_runs_on_to_the_target_or_its_cap_in_the_static_iid_rows(data_dir, 
         if job.extended:
             # until both targets: the comparisons' 0.85 and Table 1's 0.80
             assert (budget, argv[argv.index("--target-accuracy") + 1]) == ("150.0", "0.85")
-        else:
-            assert budget == "40.0" and "--target-accuracy" not in argv
+        else:       # by-class rows: --byclass-budget, by default 1.5 x --budget
+            assert budget == ("60.0" if job.row.split else "40.0")
+            assert "--target-accuracy" not in argv
 
 
 def test_shifting_rows_slow_the_second_fast_device_halfway(data_dir, tmp_path, full_launcher):

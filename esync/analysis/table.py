@@ -46,13 +46,24 @@ def mode_sort_key(mode: str) -> tuple:
 
 
 def time_to_accuracy(elapsed: Sequence[float], acc: Sequence[float],
-                     target: float) -> float | None:
-    """The first time (in time order) with an accuracy of at least ``target``; None if never."""
+                     target: float, *, interpolate: bool = False) -> float | None:
+    """The first time (in time order) with an accuracy of at least ``target``; None if never.
+
+    ``interpolate``: where the curve crossed the target between two checkpoints, linearly
+    between them, rather than the checkpoint after the crossing. The checkpoint alone is late
+    by up to one checkpoint interval, so two runs that crossed a moment apart can differ by a
+    whole interval (4 s in the benchmark's clusters).
+    """
     if len(elapsed) != len(acc):
         raise ValueError(f"{len(elapsed)} times but {len(acc)} accuracies")
+    previous = None
     for seconds, accuracy in sorted(zip(elapsed, acc), key=lambda pair: pair[0]):
         if accuracy >= target:
-            return seconds
+            if not interpolate or previous is None:
+                return seconds
+            t0, a0 = previous
+            return t0 + (target - a0) / (accuracy - a0) * (seconds - t0)
+        previous = (seconds, accuracy)
     return None
 
 

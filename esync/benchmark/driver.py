@@ -103,8 +103,9 @@ def describe_plan(args, tune_jobs, jobs, settings) -> list[str]:
     if tune_jobs:
         groups = len({j.row.group for j in tune_jobs})
         L.append(f"plan: {len(tune_jobs)} tuning run(s) ({groups} row(s) × "
-                 f"{len(args.lr_grid)} rates, {args.tune_budget:g} s each, on loopback, seed "
-                 f"{args.seed})")
+                 f"{len(args.lr_grid)} rates, {args.tune_budget:g} s each"
+                 + (f" ({args.byclass_tune_budget:g} s by class)" if any(args.splits) else "")
+                 + f", on loopback, seed {args.seed})")
     first = [j for j in jobs if j.rep == 1]
     per = ", ".join(f"{s.name} {sum(1 for j in first if j.setting.name == s.name)}"
                     for s in settings)
@@ -112,6 +113,7 @@ def describe_plan(args, tune_jobs, jobs, settings) -> list[str]:
     extended = sum(1 for j in first if j.extended)
     L.append(f"plan: {len(jobs)} full run(s): {args.repeats} repeat(s) (seeds {seeds}) × "
              f"{len(first)} ({per}) of {args.budget:g} s"
+             + (f" ({args.byclass_budget:g} s by class)" if any(args.splits) else "")
              + (f"; SSGD's {extended} i.i.d. run(s) per repeat until "
                 f"{plan.sync_target(args):.2f} or {plan.sync_cap(args):g} s"
                 if extended else ""))

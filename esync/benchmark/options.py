@@ -44,6 +44,10 @@ AGGREGATION_RULES = modes.AGGREGATION_RULES
 # docs/BENCHMARK.md ("Budget") and the estimate the benchmark prints when it starts.
 DEFAULT_BUDGET = 40.0
 DEFAULT_TUNE_BUDGET = 10.0
+# By-class rows run longer (docs/BENCHMARK.md "Learning rates"): their tuning runs 20 s, as the
+# 10 s runs chose by noise, and their full runs 60 s.
+BYCLASS_TUNE_FACTOR = 2.0
+BYCLASS_BUDGET_FACTOR = 1.5
 DEFAULT_REPEATS = 3
 # --data names of the splits (-s values); "both" is i.i.d. and by class, the default.
 DATA_SPLITS = {"iid": 0, "by-class": 1, "by-class-shuffled": 2}
@@ -363,6 +367,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "then the full runs with each row's best; none: use -l/-ll")
     r.add_argument("--tune-budget", type=positive_float, default=DEFAULT_TUNE_BUDGET,
                    help="training seconds of each tuning run")
+    r.add_argument("--byclass-budget", type=positive_float, default=None,
+                   help="training seconds of each by-class run (default: "
+                        f"{BYCLASS_BUDGET_FACTOR:g} x --budget): class-ordered shards learn "
+                        "slower, and at 40 s their curves are still climbing")
+    r.add_argument("--byclass-tune-budget", type=positive_float, default=None,
+                   help="training seconds of each by-class tuning run (default: "
+                        f"{BYCLASS_TUNE_FACTOR:g} x --tune-budget): after 10 s a by-class run "
+                        "has not yet shown which rate learns")
     r.add_argument("--local-eval-every", type=positive_int, default=100,
                    help="standalone run: evaluate every this many iterations (main.py -e)")
     r.add_argument("--job-timeout", type=positive_float, default=None,
@@ -398,6 +410,10 @@ def parse_args(argv) -> argparse.Namespace:
                                                        "--byclass-aggregations")
     args.collective_list = parse_collectives(args.collectives)
     args.lr_grid = parse_lr_grid(args.tune_lr)
+    if args.byclass_budget is None:
+        args.byclass_budget = BYCLASS_BUDGET_FACTOR * args.budget
+    if args.byclass_tune_budget is None:
+        args.byclass_tune_budget = BYCLASS_TUNE_FACTOR * args.tune_budget
     args.scenarios_given = args.scenarios is not None
     args.scenario_list = parse_scenarios(args.scenarios)
     args.scenarios = ",".join(args.scenario_list)
@@ -580,6 +596,8 @@ def canonical_command(args) -> str:
             "--tune-lr", "none" if args.lr_grid is None else ",".join(f"{v:g}"
                                                                       for v in args.lr_grid),
             "--tune-budget", f"{args.tune_budget:g}",
+            "--byclass-budget", f"{args.byclass_budget:g}",
+            "--byclass-tune-budget", f"{args.byclass_tune_budget:g}",
             "--local-eval-every", str(args.local_eval_every), "--emulation", args.emulation]
     if args.cpu_share is not None:
         argv += ["--cpu-share", f"{args.cpu_share:g}"]

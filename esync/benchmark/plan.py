@@ -252,7 +252,7 @@ def tuning_jobs(args, out: Path, all_rows: list[Row], setting: Setting = LOOPBAC
         seen.add(row.group)
         for lr in args.lr_grid:
             root = out / TUNE_DIR / row.group / f"lr{lr:g}"
-            jobs.append(_job(args, row, setting, 0, lr, root, args.tune_budget,
+            jobs.append(_job(args, row, setting, 0, lr, root, tune_budget(args, row),
                              out / RUNS_DIR / f"tune-{row.group}-lr{lr:g}.log"))
     return jobs
 
@@ -286,7 +286,8 @@ def widening_jobs(args, out: Path, all_rows: list[Row], tuning: dict) -> list[Jo
             continue
         lr = float(f"{lr:.3g}")
         root = out / TUNE_DIR / group / f"lr{lr:g}"
-        jobs.append(_job(args, rows_by_group[group], LOOPBACK, 0, lr, root, args.tune_budget,
+        row = rows_by_group[group]
+        jobs.append(_job(args, row, LOOPBACK, 0, lr, root, tune_budget(args, row),
                          out / RUNS_DIR / f"tune-{group}-lr{lr:g}.log"))
     return jobs
 
@@ -310,10 +311,20 @@ def full_jobs(args, out: Path, all_rows: list[Row], all_settings: list[Setting],
                 extended = (setting.scenario == "static" and row.mode == modes.BASELINE
                             and not row.split and sync_cap(args) > args.budget)
                 jobs.append(_job(args, row, setting, rep, lrs[row.group], root,
-                                 sync_cap(args) if extended else args.budget,
+                                 sync_cap(args) if extended else row_budget(args, row),
                                  out / RUNS_DIR / f"{setting.name}-rep{rep}-{row.name}.log",
                                  extended=extended))
     return jobs
+
+
+def row_budget(args, row: Row) -> float:
+    """A full run's training seconds: --byclass-budget for a by-class row, else --budget."""
+    return args.byclass_budget if row.split else args.budget
+
+
+def tune_budget(args, row: Row) -> float:
+    """A tuning run's training seconds: --byclass-tune-budget for a by-class row."""
+    return args.byclass_tune_budget if row.split else args.tune_budget
 
 
 def sync_cap(args) -> float:

@@ -110,10 +110,12 @@ def tuning_section(args, tuning: dict | None, rows, labels: dict) -> list[str]:
           f"the batch) is the best of the grid {', '.join(f'{v:g}' for v in args.lr_grid)}: one short "
           f"run ({args.tune_budget:g} s of training) per value, once per row (not per repeat), "
           f"on loopback with seed {args.seed}, on the row's own data split (a by-class row is "
-          "tuned on by-class data); the best final test accuracy wins, or the smallest rate within "
-          f"{TUNING_TOLERANCE:g} of it (one short run cannot tell them apart). "
+          f"tuned on by-class data, for {args.byclass_tune_budget:g} s); the best score wins, "
+          f"or the smallest rate within {TUNING_TOLERANCE:g} of it (one short run cannot tell "
+          "them apart). A run's score is its mean test accuracy over the checkpoints of its "
+          "second half (one checkpoint is one sample of a curve that moves). "
           "Shaped-link rows use the value of their loopback row, the shifting scenario's rows "
-          "that of their static row. Cells: the short run's final test accuracy; **bold**: "
+          "that of their static row. Cells: the short run's score; **bold**: "
           "chosen. A row whose best value was at an edge of the values it tried got the next "
           "value beyond it (a grid step away, up to 3 per side), until its best was inside; "
           "'-': not tried for that row.", "",
@@ -192,6 +194,7 @@ def side_by_side(args, results: dict, settings: list[Setting], names: list[str],
         return []
     L = ["## Results side by side", "",
          f"Time to test accuracy {args.target:.2f} (s) within the {args.budget:g} s budget "
+         + (f"(by-class rows {args.byclass_budget:g} s) " if any(args.splits) else "") +
          f"(SSGD's longer runs cut at their first checkpoint at or after it), speedup over SSGD "
          "of the same data split, "
          "speedup over the fastest other mode (same split, or one device alone), final test "
@@ -534,7 +537,8 @@ def render(args, *, jobs: list[Job], tune_jobs: list[Job], results: dict,
           f"- {args.repeats} repeat(s), seeds {seeds} (data partition, shuffling, initial "
           "weights); the learning-rate tuning ran once",
           f"- the same training-time budget for every run: {args.budget:g} s "
-          f"(`--max-seconds`), except SSGD's i.i.d. runs of the static scenario: until "
+          f"(`--max-seconds`; by-class rows {args.byclass_budget:g} s, as class-ordered "
+          "shards learn slower), except SSGD's i.i.d. runs of the static scenario: until "
           f"{sync_target(args):.2f} or {sync_cap(args):g} s (Table 1; the other tables use "
           "their records up to the first checkpoint at or after the budget, where a run with the "
           "budget would have stopped); the evaluator scores every checkpoint off the workers' path "
@@ -552,7 +556,9 @@ def render(args, *, jobs: list[Job], tune_jobs: list[Job], results: dict,
           f"- scenarios: {', '.join(args.scenario_list)}"
           + (f" ({args.scenario_notice})" if getattr(args, "scenario_notice", None) else ""),
           f"- target test accuracy {args.target:.2f} (Table 1: {args.table1_target:.2f}, the "
-          "ESync paper's)",
+          "ESync paper's); a run's time to it is when its curve crossed it, linearly between "
+          "the two checkpoints around the crossing (the checkpoint after it is late by up to "
+          "a checkpoint interval; benchmark.json keeps it as `time_to_target_checkpoint`)",
           f"- started {started:%Y-%m-%d %H:%M:%S}, took {seconds / 60:.1f} min; "
           f"Python {platform.python_version()}, {platform.platform()}", ""]
     L += network_section(args, _static(settings), shaping)
@@ -710,6 +716,8 @@ def write_outputs(args, text: str, *, jobs, tune_jobs, results, tuning, shaping,
                    "scenarios": args.scenario_list, "policy": args.policy,
                    "target": args.target, "table1_target": args.table1_target,
                    "lr_grid": args.lr_grid, "tune_budget_s": args.tune_budget,
+                   "byclass_budget_s": args.byclass_budget,
+                   "byclass_tune_budget_s": args.byclass_tune_budget,
                    "learning_rate": args.learning_rate, "local_lr": args.local_lr,
                    "seed": args.seed, "local_eval_every": args.local_eval_every,
                    "net": args.net_list, "emulation": args.emulation,
@@ -753,3 +761,4 @@ def _clean(value):
 
 
 __all__ = ["render", "write_outputs", "write_tables", "draw"]
+

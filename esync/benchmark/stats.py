@@ -162,14 +162,20 @@ def baseline_of(name: str, names) -> str | None:
     return wanted if wanted in names else None
 
 
-def aggregate(per_rep: dict[str, list[dict | None]], *, horizon: float) -> dict[str, dict]:
+def aggregate(per_rep: dict[str, list[dict | None]], *,
+              horizon: float | dict[str, float]) -> dict[str, dict]:
     """Per row: spreads and medians over its successful repeats, and its speedups over SSGD
     and over the best other row, all from medians.
+
+    ``horizon``: the budget every row had, or each row's (by-class rows run longer).
 
     ``per_rep[name]`` holds one metrics dict per repeat (None: the run failed) with at least
     ``time_to_target`` (None: not reached within ``horizon``), ``final_accuracy``,
     ``throughput``, ``mean_computing_time_ratio`` and ``traffic_bytes_per_s``.
     """
+    def horizon_of(name):
+        return horizon.get(name) if isinstance(horizon, dict) else horizon
+
     ok = {n: [m for m in reps if m is not None] for n, reps in per_rep.items()}
     times = {n: spread([m.get("time_to_target") for m in ms], censored=True)
              for n, ms in ok.items() if ms}
@@ -194,12 +200,12 @@ def aggregate(per_rep: dict[str, list[dict | None]], *, horizon: float) -> dict[
                                                  for m in ms]))
             base = baseline_of(name, times)
             entry["vs_sync"] = None if base is None else speedup(
-                times[name], times[base], row_horizon=horizon, reference_horizon=horizon,
-                other=base)
+                times[name], times[base], row_horizon=horizon_of(name),
+                reference_horizon=horizon_of(base), other=base)
             other = best_other(name, times)
             entry["vs_best_other"] = None if other is None else speedup(
-                times[name], times[other], row_horizon=horizon, reference_horizon=horizon,
-                other=other)
+                times[name], times[other], row_horizon=horizon_of(name),
+                reference_horizon=horizon_of(other), other=other)
         found[name] = entry
     return found
 

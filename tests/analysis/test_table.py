@@ -45,6 +45,19 @@ def test_time_to_accuracy(elapsed, acc, target, expected):
     assert table.time_to_accuracy(elapsed, acc, target) == expected
 
 
+@pytest.mark.parametrize("elapsed, acc, target, expected", [
+    ([4, 8, 12], [0.5, 0.8, 0.9], 0.85, 10.0),     # halfway between 0.8 and 0.9
+    ([4, 8, 12], [0.5, 0.84, 0.94], 0.85, 8.4),
+    ([4, 8], [0.9, 0.95], 0.85, 4),                # above at the first checkpoint
+    ([4, 8, 12], [0.86, 0.5, 0.9], 0.85, 4),       # the first crossing counts
+    ([4, 8], [0.5, 0.6], 0.85, None),
+])
+def test_time_to_accuracy_interpolates_between_the_checkpoints_around_the_crossing(
+        elapsed, acc, target, expected):
+    assert table.time_to_accuracy(elapsed, acc, target, interpolate=True) == (
+        None if expected is None else pytest.approx(expected))
+
+
 def test_time_to_accuracy_rejects_unequal_lengths():
     with pytest.raises(ValueError):
         table.time_to_accuracy([1, 2], [0.5], 0.8)
