@@ -761,4 +761,3 @@ def _clean(value):
 
 
 __all__ = ["render", "write_outputs", "write_tables", "draw"]
-
