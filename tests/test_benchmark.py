@@ -215,7 +215,12 @@ def test_tuning_runs_the_grid_then_the_full_run_with_the_best_value(data_dir, tm
     tried = sorted(float(lr) for lr in scores)
     assert tried in ([0.0001, 0.02, 4.0], [5e-07, 0.0001, 0.02]), scores
     assert float(best) not in (tried[0], tried[-1])
-    assert [r["lr"] for r in full] == [float(best)] and len(data["runs"]) == 4
+    assert [r["lr"] for r in full] == [float(best)]
+    # then the two best rates again with the next seed: 3 + 2 tuning runs, 1 full run
+    again = [r for r in data["runs"] if r["rep"] == 0 and r["seed"] == 2]
+    assert len(again) == 2 and len(data["runs"]) == 6
+    assert float(best) in [r["lr"] for r in again]
+    assert data["tuning"]["local"]["seeds"][best] == 2
 
 
 def test_a_failing_run_is_reported_and_the_others_still_run(data_dir, tmp_path):
@@ -323,7 +328,7 @@ def test_defaults(data_dir, tmp_path, full_launcher):
     assert [a.slug for a in args.byclass_aggregation_list] == ["sum-share1", "mean-share1"]
     assert (args.scenario_list, args.emulation, args.cpu_share) == (
         ["static", "shifting"], "auto", None)
-    assert plan.sync_cap(args) == 120.0
+    assert plan.sync_cap(args) == 100.0
 
 
 # ----------------------------------------------------------------------------- planning
@@ -395,12 +400,12 @@ def test_standalone_and_by_class_rows_run_in_the_first_setting_only(data_dir, tm
     assert rep1 == [("loopback", "sync"), ("loopback", "local"), ("loopback", "sync-niid"),
                     ("netns", "sync")]
     assert len(jobs) == 8
-    # by-class rows train for --byclass-budget, by default 1.5 x --budget
+    # by-class rows train for --byclass-budget, by default 1.25 x --budget
     budgets = {(j.name, j.setting.name): j.budget for j in jobs if j.rep == 1}
-    assert budgets[("sync-niid", "loopback")] == 1.5 * args.budget
+    assert budgets[("sync-niid", "loopback")] == 1.25 * args.budget
     assert budgets[("local", "loopback")] == args.budget
     niid = next(j for j in jobs if j.name == "sync-niid")
-    assert niid.argv[niid.argv.index("--max-seconds") + 1] == repr(1.5 * args.budget)
+    assert niid.argv[niid.argv.index("--max-seconds") + 1] == repr(1.25 * args.budget)
     args = args_for(data_dir, tmp_path, "--modes", "sync", "--byclass-budget", "70",
                     "--byclass-tune-budget", "25", "--repeats", "1", "--scenarios", "static",
                     "--sync-cap-seconds", "40")
@@ -418,11 +423,11 @@ def test_tuning_runs_each_row_on_its_own_data_with_each_value(data_dir, tmp_path
     args = args_for(data_dir, tmp_path, "--modes", "async,dcasgd", "--tune-lr", "0.01,0.001",
                     "--tune-budget", "5", "--scenarios", "static")
     jobs = plan.tuning_jobs(args, tmp_path, plan.rows(args), plan.settings(args, RATES)[0])
-    # by-class rows tune for --byclass-tune-budget, by default twice --tune-budget
+    # by-class rows tune for --byclass-tune-budget, by default 1.5 x --tune-budget
     assert [(j.row.group, j.lr, j.budget) for j in jobs] == [
         ("async", 0.001, 5.0), ("async", 0.01, 5.0), ("dcasgd", 0.001, 5.0),
-        ("dcasgd", 0.01, 5.0), ("async-niid", 0.001, 10.0), ("async-niid", 0.01, 10.0),
-        ("dcasgd-niid", 0.001, 10.0), ("dcasgd-niid", 0.01, 10.0)]
+        ("dcasgd", 0.01, 5.0), ("async-niid", 0.001, 7.5), ("async-niid", 0.01, 7.5),
+        ("dcasgd-niid", 0.001, 7.5), ("dcasgd-niid", 0.01, 7.5)]
     assert jobs[2].argv[jobs[2].argv.index("-dcasgd") + 1] == "1"
     assert "-s" not in jobs[0].argv and jobs[4].argv[jobs[4].argv.index("-s") + 1] == "1"
     full = plan.full_jobs(args, tmp_path, plan.rows(args), plan.settings(args, RATES)[:1],
@@ -515,6 +520,39 @@ def test_tuning_scores_the_mean_of_the_second_half_not_the_last_checkpoint(tmp_p
     chosen = metrics.best_learning_rates(jobs)["sync"]
     assert chosen["scores"] == {0.001: pytest.approx(0.6), 0.003: pytest.approx(1.4 / 3)}
     assert chosen["lr"] == 0.001
+
+
+def test_each_rows_two_best_rates_run_again_with_the_next_seed(data_dir, tmp_path,
+                                                                full_launcher):
+    args = args_for(data_dir, tmp_path, "--modes", "sync", "--tune-lr", "0.001,0.003,0.009",
+                    "--seed", "5")
+    rows = plan.rows(args)
+    tuning = {"sync": {"lr": 0.003, "scores": {0.001: 0.5, 0.003: 0.7, 0.009: 0.6}},
+              "sync-niid": {"lr": 0.001, "scores": {0.001: 0.3, 0.003: None, 0.009: 0.1}}}
+    jobs = plan.confirming_jobs(args, tmp_path, rows, tuning)
+    assert [(j.row.group, j.lr, j.seed, j.budget) for j in jobs] == [
+        ("sync", 0.003, 6, args.tune_budget), ("sync", 0.009, 6, args.tune_budget),
+        ("sync-niid", 0.001, 6, args.byclass_tune_budget),
+        ("sync-niid", 0.009, 6, args.byclass_tune_budget)]       # a failed rate is not retried
+    assert all(j.tuning and j.argv[j.argv.index("--seed") + 1] == "6" for j in jobs)
+    assert jobs[0].tag == "tune sync lr 0.003 seed 6"
+    assert len({j.root for j in jobs} | {j.root for j in plan.tuning_jobs(args, tmp_path, rows)}
+               ) == len(jobs) + 6                                 # no run overwrites another
+    assert len(plan.planned_confirmations(args, tmp_path, rows)) == 4
+
+
+def test_a_rate_that_diverges_with_the_second_seed_loses(tmp_path):
+    # 0.01 wins on the first seed and falls behind on the second; 0.003 holds on both
+    first = [synthetic_job(tmp_path, "sync", lr, shift)
+             for lr, shift in ((0.001, -0.3), (0.003, -0.05), (0.01, 0.0))]
+    second = [synthetic_job(tmp_path / "seed2", "sync", lr, shift)
+              for lr, shift in ((0.003, -0.05), (0.01, -0.3))]
+    assert metrics.best_learning_rates(first)["sync"]["lr"] == 0.01
+    chosen = metrics.best_learning_rates(first + second)["sync"]
+    assert chosen["lr"] == 0.003
+    assert chosen["seeds"] == {0.001: 1, 0.003: 2, 0.01: 2}
+    assert chosen["scores"][0.01] == pytest.approx(
+        (metrics.tuning_score(first[2]) + metrics.tuning_score(second[1])) / 2)
 
 
 def test_ties_go_to_the_smaller_rate(tmp_path):
@@ -654,7 +692,7 @@ def test_report_shows_medians_and_ranges_side_by_side(synthetic_report):
 
 def test_table1_gives_ssgd_its_longer_run(synthetic_report):
     heading = "## Table 1: time to 0.80 test accuracy and speedup over SSGD"
-    assert "SSGD ran until it reached 0.80 or for at most **12 s**" in synthetic_report
+    assert "SSGD ran until it reached 0.80 or for at most **10 s**" in synthetic_report
     assert section_row(synthetic_report, heading, "sync")[1:] == [
         "7.0 (6.0–8.0)", "—", "7.0 (6.0–8.0)", "—"]
     assert section_row(synthetic_report, heading, "esync-mean")[1:] == [
@@ -847,7 +885,8 @@ def test_table1_bounds_the_speedup_when_ssgd_misses_the_target_within_its_cap():
 
 
 def test_table1_section_from_hand_made_numbers(data_dir, tmp_path, full_launcher):
-    args = args_for(data_dir, tmp_path, "--scenarios", "static", "--net", "loopback")
+    args = args_for(data_dir, tmp_path, "--scenarios", "static", "--net", "loopback",
+                    "--sync-cap-seconds", "120")
     per_rep = {"sync": [{"time_to_table1": None, "time_to_table1_uncut": None}] * 3,
                "esync-mean": [{"time_to_table1": t} for t in (20, 22, 30)]}
     results = {"loopback": {"table1": stats.table1(per_rep, budget=40, sync_cap=120)}}
@@ -962,8 +1001,8 @@ def test_ssgd_runs_on_to_the_target_or_its_cap_in_the_static_iid_rows(data_dir, 
         if job.extended:
             # until both targets: the comparisons' 0.85 and Table 1's 0.80
             assert (budget, argv[argv.index("--target-accuracy") + 1]) == ("150.0", "0.85")
-        else:       # by-class rows: --byclass-budget, by default 1.5 x --budget
-            assert budget == ("60.0" if job.row.split else "40.0")
+        else:       # by-class rows: --byclass-budget, by default 1.25 x --budget
+            assert budget == ("50.0" if job.row.split else "40.0")
             assert "--target-accuracy" not in argv
 
 
@@ -1221,10 +1260,10 @@ def test_estimate_is_the_budgets_plus_the_measured_overhead(data_dir, tmp_path, 
     jobs = plan.tuning_jobs(args, tmp_path, rows) + plan.full_jobs(
         args, tmp_path, rows, plan.settings(args, RATES), {"sync": 0.001, "local": 0.001})
     # tuning: sync 10 + its overhead, local 10 + (fixed + share x 10); per repeat: sync on
-    # loopback and on netns 120 (SSGD's cap: 3 x 40) + overhead, local 40 + (fixed + share x 40).
+    # loopback and on netns 100 (SSGD's cap: 2.5 x 40) + overhead, local 40 + (fixed + share x 40).
     over, (fixed, share) = plan.OVERHEAD_S, plan.STANDALONE_OVERHEAD_S
     tuning = (10 + over["tune"]) + (10 + fixed + share * 10)
-    per_repeat = (120 + over["loopback"]) + (120 + over["netns"]) + (40 + fixed + share * 40)
+    per_repeat = (100 + over["loopback"]) + (100 + over["netns"]) + (40 + fixed + share * 40)
     expected = tuning + 2 * per_repeat + plan.FIXED_OVERHEAD_S
     assert plan.estimate(jobs)["total_s"] == pytest.approx(expected)
 
@@ -1234,12 +1273,14 @@ def test_the_default_benchmark_fits_in_100_minutes_on_2_cores(data_dir, tmp_path
     args = args_for(data_dir, tmp_path)
     rows = plan.rows(args)
     settings = plan.settings(args, RATES)
-    jobs = plan.tuning_jobs(args, tmp_path, rows) + plan.full_jobs(
+    jobs = plan.tuning_jobs(args, tmp_path, rows) + plan.planned_confirmations(
+        args, tmp_path, rows) + plan.full_jobs(
         args, tmp_path, rows, settings, {r.group: 0.001 for r in rows})
     per_repeat = [(j.setting.name, j.name) for j in jobs if j.rep == 1]
     assert len(per_repeat) == 22 and {s.name for s in settings} == {"loopback", "netns",
                                                                      "shifting"}
-    assert len([j for j in jobs if j.tuning]) == 36 and args.repeats == 3
+    # 12 rows x 3 rates, then each row's 2 best again with the next seed
+    assert len([j for j in jobs if j.tuning]) == 36 + 24 and args.repeats == 3
     assert plan.estimate(jobs)["total_s"] <= 100 * 60
 
 
@@ -1250,8 +1291,8 @@ def test_dry_run_prints_the_plan_and_the_estimate(data_dir, tmp_path, full_launc
                            "--repeats", "2", "--scenarios", "static"]) == 0
     text = capsys.readouterr().out
     assert ("plan: 2 full run(s): 2 repeat(s) (seeds 1, 2) × 1 (loopback 1) of 40 s; SSGD's 1 "
-            "i.i.d. run(s) per repeat until 0.85 or 120 s") in text
-    minutes = (2 * (120 + plan.OVERHEAD_S["loopback"]) + plan.FIXED_OVERHEAD_S) / 60
+            "i.i.d. run(s) per repeat until 0.85 or 100 s") in text
+    minutes = (2 * (100 + plan.OVERHEAD_S["loopback"]) + plan.FIXED_OVERHEAD_S) / 60
     assert f"estimated time: {minutes:.0f} min" in text
     assert "[rep 2 loopback sync] python -m esync.launch -m sync" in text and not out.exists()
 

@@ -97,15 +97,18 @@ def chosen_rates(args, rows, tuning: dict | None) -> dict[str, float]:
     return rates
 
 
-def describe_plan(args, tune_jobs, jobs, settings) -> list[str]:
-    """What will run and how long it should take (printed at the start)."""
+def describe_plan(args, tune_jobs, jobs, settings, confirming=()) -> list[str]:
+    """What will run and how long it should take (printed at the start). ``confirming``: the
+    runs that will confirm the best rates (their rates known only then)."""
     L = []
     if tune_jobs:
         groups = len({j.row.group for j in tune_jobs})
         L.append(f"plan: {len(tune_jobs)} tuning run(s) ({groups} row(s) × "
                  f"{len(args.lr_grid)} rates, {args.tune_budget:g} s each"
                  + (f" ({args.byclass_tune_budget:g} s by class)" if any(args.splits) else "")
-                 + f", on loopback, seed {args.seed})")
+                 + f", on loopback, seed {args.seed})"
+                 + (f", then {len(confirming)} with seed {args.seed + 1} (each row's "
+                    f"{plan.CONFIRMED_RATES} best rates again)" if confirming else ""))
     first = [j for j in jobs if j.rep == 1]
     per = ", ".join(f"{s.name} {sum(1 for j in first if j.setting.name == s.name)}"
                     for s in settings)
@@ -117,7 +120,7 @@ def describe_plan(args, tune_jobs, jobs, settings) -> list[str]:
              + (f"; SSGD's {extended} i.i.d. run(s) per repeat until "
                 f"{plan.sync_target(args):.2f} or {plan.sync_cap(args):g} s"
                 if extended else ""))
-    est = plan.estimate(tune_jobs + jobs)
+    est = plan.estimate([*tune_jobs, *confirming, *jobs])
     o = plan.OVERHEAD_S
     fixed, share = plan.STANDALONE_OVERHEAD_S
     L.append(f"estimated time: {est['total_s'] / 60:.0f} min = {est['training_s'] / 60:.0f} min "
@@ -159,14 +162,15 @@ def main(argv=None) -> int:
     settings = plan.settings(args, rates)
     tune_jobs = plan.tuning_jobs(args, out, rows)
     planned = plan.full_jobs(args, out, rows, settings, chosen_rates(args, rows, None))
-    lines = describe_plan(args, tune_jobs, planned, settings)
+    confirmations = plan.planned_confirmations(args, out, rows)
+    lines = describe_plan(args, tune_jobs, planned, settings, confirmations)
     if args.dry_run:
         print("\n".join(f"{PROG}: {line}" for line in lines))
         for job in tune_jobs + planned:
             print(f"[{job.tag}] {shlex.join(plan.display_argv(job.argv))}")
         return 0
     out.mkdir(parents=True, exist_ok=True)
-    progress = Progress(len(tune_jobs) + len(planned))
+    progress = Progress(len(tune_jobs) + len(confirmations) + len(planned))
     if rates is not None:
         measured = rates.get("measured")
         progress.note(f"shaped links: {','.join(rates['worker'])} per worker host, "
@@ -179,7 +183,7 @@ def main(argv=None) -> int:
     progress.note(f"report in {out}")
     previous = signal.signal(signal.SIGTERM, _sigterm)
     jobs, tuning = [], None
-    eta = Eta(tune_jobs + planned)
+    eta = Eta(tune_jobs + confirmations + planned)
     cap = emulation.StandaloneCap(args)
     try:
         with cap:
@@ -201,6 +205,16 @@ def main(argv=None) -> int:
                 cap.apply(wider)
                 _run_all(wider, progress, args.job_timeout, eta)
                 tune_jobs += wider
+                tuning = metrics.best_learning_rates(tune_jobs)
+            confirming = plan.confirming_jobs(args, out, rows, tuning)
+            if confirming:
+                # the best rates again with the next seed: one seed cannot tell a good rate
+                # from one that diverges in another
+                progress.note(f"confirming with seed {args.seed + 1}: " + ", ".join(
+                    f"{j.row.group} {j.lr:g}" for j in confirming))
+                cap.apply(confirming)
+                _run_all(confirming, progress, args.job_timeout, eta)
+                tune_jobs += confirming
                 tuning = metrics.best_learning_rates(tune_jobs)
             if tuning:
                 progress.note("learning rates: " + ", ".join(
@@ -240,7 +254,7 @@ def main(argv=None) -> int:
                                 tuning=tuning, shaping=rates, problems=problems,
                                 command=command, started=started, seconds=seconds,
                                 emulation=seen, standalone=standalone,
-                                estimate=plan.estimate(tune_jobs + planned))
+                                estimate=plan.estimate(tune_jobs + confirmations + planned))
     print(f"{PROG}: report written to {path}")
     failed = [j for j in tune_jobs + jobs if not j.ok]
     for problem in problems:

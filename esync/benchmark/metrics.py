@@ -209,20 +209,27 @@ TUNING_TOLERANCE = 0.01   # a short run's score moves about this much between se
 
 
 def best_learning_rates(jobs: list[Job]) -> dict[str, dict]:
-    """``{group: {"lr", "scores": {lr: score or None}}}``: the smallest rate whose short run
-    scored (``tuning_score``) within ``TUNING_TOLERANCE`` of the best one.
+    """``{group: {"lr", "scores": {lr: score or None}, "seeds": {lr: runs}}}``: the smallest
+    rate whose short runs scored (``tuning_score``, the mean over the rate's seeds) within
+    ``TUNING_TOLERANCE`` of the best one.
 
     One short run cannot tell scores that close apart, and of two such rates the larger is the
     likelier to diverge in a repeat with another seed (standalone SGD at 0.0095 scored 0.827
-    against 0.003's 0.822, then ended at chance in one of three repeats). A failed run never
-    wins; a group whose every run failed keeps None as its rate (the caller falls back to -l/-ll).
+    against 0.003's 0.822, then ended at chance in one of three repeats); the best rates also
+    run with a second seed (``plan.confirming_jobs``). A failed run never wins: its rate scores
+    None; a group whose every run failed keeps None as its rate (the caller falls back to
+    -l/-ll).
     """
     groups: dict[str, dict] = {}
+    runs: dict[str, dict[float, list[float]]] = {}
     for job in jobs:
-        entry = groups.setdefault(job.row.group, {"lr": None, "scores": {}})
-        score = tuning_score(job)
-        entry["scores"][job.lr] = None if score == -math.inf else score
-    for entry in groups.values():
+        groups.setdefault(job.row.group, {"lr": None, "scores": {}, "seeds": {}})
+        runs.setdefault(job.row.group, {}).setdefault(job.lr, []).append(tuning_score(job))
+    for group, entry in groups.items():
+        for lr, scores in runs[group].items():
+            failed = any(score == -math.inf for score in scores)
+            entry["scores"][lr] = None if failed else sum(scores) / len(scores)
+            entry["seeds"][lr] = len(scores)
         known = {lr: s for lr, s in entry["scores"].items() if s is not None}
         if known:
             best = max(known.values())

@@ -44,10 +44,10 @@ AGGREGATION_RULES = modes.AGGREGATION_RULES
 # docs/BENCHMARK.md ("Budget") and the estimate the benchmark prints when it starts.
 DEFAULT_BUDGET = 40.0
 DEFAULT_TUNE_BUDGET = 10.0
-# By-class rows run longer (docs/BENCHMARK.md "Learning rates"): their tuning runs 20 s, as the
-# 10 s runs chose by noise, and their full runs 60 s.
-BYCLASS_TUNE_FACTOR = 2.0
-BYCLASS_BUDGET_FACTOR = 1.5
+# By-class rows run longer (docs/BENCHMARK.md "Learning rates"): their tuning runs 15 s, as the
+# 10 s runs chose by noise, and their full runs 50 s.
+BYCLASS_TUNE_FACTOR = 1.5
+BYCLASS_BUDGET_FACTOR = 1.25
 DEFAULT_REPEATS = 3
 # --data names of the splits (-s values); "both" is i.i.d. and by class, the default.
 DATA_SPLITS = {"iid": 0, "by-class": 1, "by-class-shuffled": 2}
@@ -278,7 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "loopback (the rate reused on shaped links, in the shifting "
                             "scenario and in every repeat), ESync rows weighted+Nesterov and "
                             "mean (fednova: --aggregations), by-class rows on loopback only, "
-                            "SSGD's Table 1 runs capped at 3 budgets. The plan and its time "
+                            "SSGD's Table 1 runs capped at 2.5 budgets. The plan and its time "
                             "estimate are printed at the start; --dry-run prints them only. "
                             "See docs/BENCHMARK.md.")
     c = parser.add_argument_group("cluster (the same for every mode)")
@@ -359,7 +359,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "ESync paper's Table 1)")
     r.add_argument("--sync-cap-seconds", type=positive_float, default=None,
                    help="Table 1: SSGD's i.i.d. runs go on past --budget until they reach "
-                        "both targets or this many seconds (default: 3 x --budget); the other "
+                        "both targets or this many seconds (default: 2.5 x --budget); the other "
                         "rows keep the budget")
     r.add_argument("--tune-lr", default=DEFAULT_LR_GRID,
                    help="learning-rate grid (lr x the gradient summed over the batch): a short "

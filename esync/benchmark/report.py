@@ -18,8 +18,8 @@ from esync.benchmark import stats
 from esync.benchmark.emulation import describe as describe_emulation
 from esync.benchmark.metrics import TUNING_TOLERANCE
 from esync.benchmark.options import canonical_command
-from esync.benchmark.plan import (CLUSTER_EVAL, SHIFTING, Job, Setting, display_argv, sync_cap,
-                                  sync_target)
+from esync.benchmark.plan import (CLUSTER_EVAL, CONFIRMED_RATES, SHIFTING, Job, Setting,
+                                  display_argv, sync_cap, sync_target)
 from esync.benchmark.runs import tail
 from esync.benchmark.shaping import rate_bit_s
 from esync.benchmark.stats import speedup_cell, time_cell, value_cell
@@ -113,7 +113,10 @@ def tuning_section(args, tuning: dict | None, rows, labels: dict) -> list[str]:
           f"tuned on by-class data, for {args.byclass_tune_budget:g} s); the best score wins, "
           f"or the smallest rate within {TUNING_TOLERANCE:g} of it (one short run cannot tell "
           "them apart). A run's score is its mean test accuracy over the checkpoints of its "
-          "second half (one checkpoint is one sample of a curve that moves). "
+          "second half (one checkpoint is one sample of a curve that moves). Each row's "
+          f"{CONFIRMED_RATES} best rates then ran again with seed {args.seed + 1} (one seed "
+          "cannot tell a good rate from one that diverges in another); their cells, marked ², "
+          "are the mean of both seeds' scores. "
           "Shaped-link rows use the value of their loopback row, the shifting scenario's rows "
           "that of their static row. Cells: the short run's score; **bold**: "
           "chosen. A row whose best value was at an edge of the values it tried got the next "
@@ -126,7 +129,7 @@ def tuning_section(args, tuning: dict | None, rows, labels: dict) -> list[str]:
         for v in grid:
             score = entry["scores"].get(v)
             text = "-" if v not in entry["scores"] else "failed" if score is None \
-                else f"{score:.3f}"
+                else f"{score:.3f}" + ("²" if entry.get("seeds", {}).get(v, 1) > 1 else "")
             cells.append(f"**{text}**" if v == entry["lr"] else text)
         chosen = "none (every run failed; default used)" if entry["lr"] is None \
             else f"{entry['lr']:g}"
@@ -723,9 +726,11 @@ def write_outputs(args, text: str, *, jobs, tune_jobs, results, tuning, shaping,
                    "net": args.net_list, "emulation": args.emulation,
                    "cpu_share": args.cpu_share},
         "emulation": {"cluster": emulation, "standalone": standalone},
-        "shaping": shaping, "tuning": {g: {"lr": e["lr"], "scores": {f"{k:g}": v for k, v in
-                                                                    e["scores"].items()}}
-                                       for g, e in (tuning or {}).items()},
+        "shaping": shaping,
+        "tuning": {g: {"lr": e["lr"],
+                       "scores": {f"{k:g}": v for k, v in e["scores"].items()},
+                       "seeds": {f"{k:g}": v for k, v in e.get("seeds", {}).items()}}
+                   for g, e in (tuning or {}).items()},
         "settings": {name: {"scenario": res["scenario"], "physical_limit": res["limits"],
                             "rows": {n: res["per_rep"][n] for n in res["names"]},
                             "aggregates": _aggregates_json(res["rows"]),
