@@ -260,6 +260,14 @@ def tuning_jobs(args, out: Path, all_rows: list[Row], setting: Setting = LOOPBAC
     return jobs
 
 
+def _first_row_by_group(all_rows: list[Row]) -> dict[str, Row]:
+    """Each tuning group's first row: the one its tuning runs run."""
+    found: dict[str, Row] = {}
+    for row in all_rows:
+        found.setdefault(row.group, row)
+    return found
+
+
 MAX_WIDENINGS = 3      # extra grid values a group may get on each side of the grid
 
 
@@ -272,9 +280,7 @@ def widening_jobs(args, out: Path, all_rows: list[Row], tuning: dict) -> list[Jo
     if not grid:
         return []
     step = (grid[-1] / grid[0]) ** (1 / (len(grid) - 1)) if len(grid) > 1 else 3.0
-    rows_by_group = {}
-    for row in all_rows:
-        rows_by_group.setdefault(row.group, row)
+    rows_by_group = _first_row_by_group(all_rows)
     jobs = []
     for group, entry in tuning.items():
         tried = sorted(entry["scores"])
@@ -306,9 +312,7 @@ def confirming_jobs(args, out: Path, all_rows: list[Row], tuning: dict) -> list[
     seed-2 repeat of both. A rate's score is then the mean over its seeds."""
     if not tuning or CONFIRMED_RATES < 1:
         return []
-    rows_by_group = {}
-    for row in all_rows:
-        rows_by_group.setdefault(row.group, row)
+    rows_by_group = _first_row_by_group(all_rows)
     seed = args.seed + 1
     jobs = []
     for group, entry in tuning.items():
