@@ -248,11 +248,8 @@ def tuning_jobs(args, out: Path, all_rows: list[Row], setting: Setting = LOOPBAC
     rows and the shifting scenario reuse the value), with the seed of the first repeat."""
     if args.lr_grid is None:
         return []
-    jobs, seen = [], set()
-    for row in all_rows:
-        if row.group in seen:
-            continue
-        seen.add(row.group)
+    jobs = []
+    for row in _first_row_by_group(all_rows).values():
         for lr in args.lr_grid:
             root = out / TUNE_DIR / row.group / f"lr{lr:g}"
             jobs.append(_job(args, row, setting, 0, lr, root, tune_budget(args, row),
