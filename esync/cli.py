@@ -231,6 +231,10 @@ def add_run_args(parser: argparse.ArgumentParser, *, one_worker: bool = True) ->
     e.add_argument("--scaffold", action=argparse.BooleanOptionalAction, default=config.scaffold,
                    help="SCAFFOLD's control variates correct each local step for the drift "
                         "between this device's data and everyone's (twice the traffic)")
+    e.add_argument("--low-rank", type=non_negative_int, default=config.low_rank,
+                   help="PowerSGD: each large delta (a matrix of 4096+ numbers) travels as two "
+                        "factors of this rank, in two small exchanges, with error feedback "
+                        "(lenet at rank 4: 3%% of the bytes); for slow links; 0: deltas in full")
     e.add_argument("--job", default=os.environ.get("ESYNC_JOB", "default"),
                    help="job id on the state server")
     e.add_argument("--state-token", default=os.environ.get("ESYNC_STATE_TOKEN"),
@@ -269,10 +273,31 @@ def check_esync_options(args) -> None:
     if args.nesterov and not args.outer_momentum:
         raise UsageError("--nesterov needs an --outer-momentum above 0 (DiLoCo uses 0.9); "
                          "for no outer momentum give --outer-momentum 0 --no-nesterov")
+    check_low_rank(args)
     if getattr(args, "comm_dtype", "float32") != "float32" and args.mode != "esync":
         raise UsageError(f"argument --comm-dtype: {args.comm_dtype} is the type of ESync's "
                          f"deltas; -m {args.mode} exchanges float32 gradients and weights: "
                          "leave --comm-dtype at float32 or use -m esync")
+
+
+def check_low_rank(args) -> None:
+    """--low-rank runs on ESync's plain exchange over the parameter server."""
+    if not getattr(args, "low_rank", 0):
+        return
+    conflict = None
+    if args.mode != "esync":
+        conflict = f"-m {args.mode} exchanges gradients or weights, not deltas; use -m esync"
+    elif getattr(args, "overlap", False):
+        conflict = "--overlap is not supported with it; give --no-overlap"
+    elif getattr(args, "comm_dtype", "float32") != "float32":
+        conflict = ("the factors travel as float32 (the arrays left in full are a few percent "
+                    "of the bytes); give --comm-dtype float32")
+    elif getattr(args, "scaffold", False):
+        conflict = "--scaffold's variates would still travel in full; give --no-scaffold"
+    elif getattr(args, "collective", "ps") != "ps":
+        conflict = "it runs over the parameter server; give --collective ps"
+    if conflict:
+        raise UsageError(f"argument --low-rank: {conflict} (or --low-rank 0)")
 
 
 def check_collective(args) -> None:

@@ -514,6 +514,85 @@ def test_state_token_is_never_written_to_disk(tmp_path, small_data):
 OVERLAP_ROUNDS = 6
 
 
+LOW_RANK, LOW_RANK_ROUNDS = 2, 6
+
+
+def test_low_rank_rounds_are_powersgd_with_error_feedback_on_the_workers_deltas(tmp_path,
+                                                                                small_data):
+    """Two workers (1x, 3x: unequal k) with --low-rank 2, the weighted rule and outer Nesterov.
+    Every round each pushes the small arrays in full and rank-2 factors of conv2's kernel and
+    the first dense layer (lenet: 2.4% of the numbers), every rank holds the same global model
+    after each round, and rank 0's checkpoints are the pure rule replayed on the dumped deltas:
+    PowerSGD (``lowrank.reference_round``) with each worker's residual carried to its next
+    round, then the weighted rule's scale and the outer step. A replay that drops the residuals,
+    or that sums the deltas in full, gives other steps: the test checks that too."""
+    from esync.worker.algorithms import aggregate, lowrank
+    from esync.worker.algorithms.esync import MOMENTUM_STATE
+    dumps = tmp_path / "dumps"
+    run_cluster(tmp_path, small_data, "-m", "esync", "--policy", "planned", "--workers", 2,
+                "--slowdown", "1,3", "--aggregation", "weighted", "--outer-momentum", 0.5,
+                "--nesterov", "-gl", OUTER_GL, "-ll", LR, *ORIGINAL_ROUNDS,
+                "--low-rank", LOW_RANK, "-b", BATCH, "--max-rounds", LOW_RANK_ROUNDS, "-e", 1,
+                "--max-seconds", 0, "--seed", SEED, "--no-evaluator",
+                env={"ESYNC_DUMP_PUSHES": str(dumps)})
+    net = models.build("lenet", mx.cpu(), seed=SEED)
+    shapes = [p.shape for n, p in models.named_parameters(net).items() if n in TRAINABLE]
+    sent, full = lowrank.traffic(shapes, LOW_RANK)
+    assert sent < 0.03 * full
+    for rounds in device_logs(tmp_path / "lenet" / "esync").values():
+        assert len(rounds) == LOW_RANK_ROUNDS
+        assert {r["bytes_pushed"] for r in rounds} == {4 * sent + 4 * (2 + 5 * 2)}
+    held = _dumps(dumps, "global")
+    for t in range(1, LOW_RANK_ROUNDS + 1):
+        assert _rel_error(_listed(held[0, t], "model"), _listed(held[1, t], "model")) == 0, t
+    store = CheckpointStore(tmp_path / "lenet" / "esync" / "checkpoints")
+    models_, buffers = {}, {}
+    for t in range(1, LOW_RANK_ROUNDS + 1):
+        _, arrays = store.load(store.path_for(t), network="lenet")
+        state = store.read_state(store.path_for(t))
+        models_[t] = [arrays[n] for n in TRAINABLE]
+        buffers[t] = [state[MOMENTUM_STATE.format(i)] for i in range(len(TRAINABLE))]
+    pushed = _dumps(dumps, "esync")
+    outer = aggregate.OuterOptimizer(0.5, True)
+
+    def replayed_sums(feedback=True, factors=True):
+        """{t: the summed pushes of round t, as the workers rebuild them}"""
+        state = {i: (lowrank.initial_q(s, LOW_RANK, i),
+                     [np.zeros(lowrank.matrix_shape(s), np.float32)] * 2)
+                 for i, s in enumerate(shapes) if lowrank.compressed(s, LOW_RANK)}
+        sums = {}
+        for t in range(1, LOW_RANK_ROUNDS + 1):
+            ks = [int(pushed[r, t]["k"]) for r in (0, 1)]
+            pushes = [[aggregate.push_weight("weighted", k) * d
+                       for d in _listed(pushed[r, t], "delta")] for r, k in zip((0, 1), ks)]
+            sums[t] = [pushes[0][i] + pushes[1][i] for i in range(len(shapes))]
+            for i, (q, residuals) in list(state.items()):
+                if not factors:
+                    continue
+                ms = [p[i].reshape(lowrank.matrix_shape(shapes[i])) + (r if feedback else 0)
+                      for p, r in zip(pushes, residuals)]
+                approx, q, residuals = lowrank.reference_round(ms, q)
+                state[i] = (q, residuals)
+                sums[t][i] = approx.reshape(shapes[i])
+            sums[t] = [s * aggregate.sum_weight("weighted", ks) for s in sums[t]]
+        return sums
+
+    def step_error(sums):
+        """Largest error of a replayed round's step against the step rank 0 took."""
+        worst = 0.0
+        for t in range(2, LOW_RANK_ROUNDS + 1):
+            want = [aggregate.apply_step(start, outer.step(agg, buffer)[0], OUTER_GL) - start
+                    for start, agg, buffer in zip(models_[t - 1], sums[t], buffers[t - 1])]
+            got = [m - start for m, start in zip(models_[t], models_[t - 1])]
+            worst = max(worst, _rel_error(got, want))
+        return worst
+
+    assert any(pushed[0, t]["k"] != pushed[1, t]["k"] for t in range(2, LOW_RANK_ROUNDS + 1))
+    assert step_error(replayed_sums()) < 1e-3
+    assert step_error(replayed_sums(feedback=False)) > 0.05
+    assert step_error(replayed_sums(factors=False)) > 0.05
+
+
 @pytest.mark.parametrize("overlap", [False, True], ids=["exchange-then-compute", "overlap"])
 def test_every_rank_holds_the_same_global_model_after_each_round(tmp_path, small_data, overlap):
     """Two workers (1x, 3x: unequal k under the planned policy) dump the global model they hold

@@ -377,3 +377,22 @@ def test_deltas_travel_as_float16_by_default_only_on_shaped_links(
     if "--net" not in extra:         # what the workers are told (loopback plan: no root needed)
         worker = next(s for s in LocalCluster(args, build_parser()).plan() if s.kind == "worker")
         assert worker.argv[worker.argv.index("--comm-dtype") + 1] == want
+
+
+@pytest.mark.parametrize("extra", [[], ["--net", "netns", "--bandwidth", "50mbit"]],
+                         ids=["loopback", "shaped"])
+def test_low_rank_deltas_get_the_rounds_of_free_links(tmp_path, fashion_data_dir, extra):
+    """With --low-rank an exchange costs a few percent of the model, on any link: rounds of
+    one slowest iteration, no overlap, float32 factors, unless the user says otherwise."""
+    from esync.common.errors import UsageError
+    from esync.launch.flags import parse
+    args = parse(build_parser(), ["-ld", str(tmp_path), "-dd", str(fashion_data_dir),
+                                  "--workers", "2", "--low-rank", "4", *extra])
+    assert (args.comm_share, args.overlap, args.comm_dtype, args.low_rank) == (
+        1.0, False, "float32", 4)
+    if not extra:
+        worker = next(s for s in LocalCluster(args, build_parser()).plan() if s.kind == "worker")
+        assert worker.argv[worker.argv.index("--low-rank") + 1] == "4"
+    with pytest.raises(UsageError, match="--low-rank: --overlap"):
+        parse(build_parser(), ["-ld", str(tmp_path), "-dd", str(fashion_data_dir),
+                               "--workers", "2", "--low-rank", "4", "--overlap", *extra])

@@ -110,6 +110,7 @@ class Aggregation:
     prox_mu: float = 0.0
     scaffold: bool = False
     fp16: bool = False           # --comm-dtype float16
+    low_rank: int = 0            # --low-rank R (PowerSGD factors; 0: deltas in full)
 
     @property
     def slug(self) -> str:
@@ -131,6 +132,8 @@ class Aggregation:
             parts.append("scaffold")
         if self.fp16:
             parts.append("fp16")
+        if self.low_rank:
+            parts.append(f"lowrank{self.low_rank}")
         return "-".join(parts)
 
     @property
@@ -153,6 +156,8 @@ class Aggregation:
             text += ", SCAFFOLD"
         if self.fp16:
             text += ", float16 deltas"
+        if self.low_rank:
+            text += f", rank-{self.low_rank} deltas"
         return text
 
     @property
@@ -169,6 +174,7 @@ class Aggregation:
             parts.append(f"round={self.max_round:g}")
         parts += ["overlap"] * self.overlap + ([f"prox={self.prox_mu:g}"] if self.prox_mu else [])
         parts += ["scaffold"] * self.scaffold + ["fp16"] * self.fp16
+        parts += [f"lowrank={self.low_rank}"] if self.low_rank else []
         return "+".join(parts)
 
     def argv(self) -> list[str]:
@@ -179,7 +185,8 @@ class Aggregation:
                 "-gl", f"{1.0 if self.global_lr is None else self.global_lr:g}",
                 "--overlap" if self.overlap else "--no-overlap", "--prox-mu", f"{self.prox_mu:g}",
                 "--scaffold" if self.scaffold else "--no-scaffold",
-                "--comm-dtype", "float16" if self.fp16 else "float32"]
+                "--comm-dtype", "float16" if self.fp16 else "float32",
+                "--low-rank", str(self.low_rank)]
         if self.comm_share is not None:
             argv += ["--comm-share", f"{self.comm_share:g}"]
         if self.max_round is not None:
@@ -191,7 +198,7 @@ class Aggregation:
         return self == Aggregation("mean")
 
 
-_PART = re.compile(r"(nesterov|momentum|gl|share|round|prox)=([0-9.eE+-]+)")
+_PART = re.compile(r"(nesterov|momentum|gl|share|round|prox|lowrank)=([0-9.eE+-]+)")
 
 
 def parse_aggregations(text: str, flag: str = "--aggregations") -> list[Aggregation]:
@@ -214,11 +221,12 @@ def parse_aggregations(text: str, flag: str = "--aggregations") -> list[Aggregat
             value = _float_or_none(match.group(2)) if match else None
             if value is None or value < 0 or (match.group(1) in ("gl", "share", "round")
                                               and value == 0) \
-                    or (match.group(1) == "share" and value > 1):
+                    or (match.group(1) == "share" and value > 1) \
+                    or (match.group(1) == "lowrank" and (value < 1 or value != int(value))):
                 raise UsageError(f"argument {flag}: {extra!r} in {item!r} is not "
                                  "nesterov=M, momentum=M, gl=G, share=S (0 < S <= 1), "
-                                 "round=T (seconds), prox=MU, overlap, scaffold or fp16, with "
-                                 "numbers M, MU >= 0, G, T > 0")
+                                 "round=T (seconds), prox=MU, lowrank=R, overlap, scaffold or "
+                                 "fp16, with numbers M, MU >= 0, G, T > 0 and a whole R >= 1")
             if match.group(1) == "gl":
                 fields["global_lr"] = value
             elif match.group(1) == "share":
@@ -227,6 +235,8 @@ def parse_aggregations(text: str, flag: str = "--aggregations") -> list[Aggregat
                 fields["max_round"] = value
             elif match.group(1) == "prox":
                 fields["prox_mu"] = value
+            elif match.group(1) == "lowrank":
+                fields["low_rank"] = int(value)
             else:
                 fields.update(momentum=value, nesterov=match.group(1) == "nesterov")
         agg = Aggregation(**fields)
@@ -320,7 +330,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--aggregations", default=DEFAULT_AGGREGATIONS,
                    help="ESync rows, one per item: RULE[+nesterov=M|+momentum=M][+gl=G]"
                         "[+share=S][+round=T (rounds of at most T s)]"
-                        "[+overlap][+prox=MU][+scaffold][+fp16 (float16 deltas)] with "
+                        "[+overlap][+prox=MU][+scaffold][+fp16 (float16 deltas)]"
+                        "[+lowrank=R (PowerSGD factors of rank R)] with "
                         "RULE one of " + ", ".join(AGGREGATION_RULES))
     r.add_argument("--byclass-aggregations", default=DEFAULT_BYCLASS_AGGREGATIONS,
                    help="ESync rows of the by-class data splits, as --aggregations (default: "

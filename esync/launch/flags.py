@@ -228,15 +228,17 @@ def parse(parser, argv) -> argparse.Namespace:
                              f"--backend local, not --backend {args.backend}")
     shaped = args.net == "netns" and bool(args.bandwidth or args.server_bandwidth)
     free_links = args.backend == "local" and not shaped     # every process here, no rate
+    # Low-rank deltas make an exchange cost a few percent of the model: rounds as on free links.
+    cheap_exchange = free_links or bool(args.low_rank)
     if args.comm_share is None:
         args.comm_share = (COMM_SHARE_BY_CLASS if args.split_by_class
-                           else COMM_SHARE_FREE_LINKS if free_links else COMM_SHARE_IID)
+                           else COMM_SHARE_FREE_LINKS if cheap_exchange else COMM_SHARE_IID)
     if args.overlap is None:
         args.overlap = (OVERLAP_BY_CLASS if args.split_by_class
-                        else OVERLAP_FREE_LINKS if free_links else OVERLAP_IID)
+                        else OVERLAP_FREE_LINKS if cheap_exchange else OVERLAP_IID)
     if args.comm_dtype is None:
         args.comm_dtype = (COMM_DTYPE_SHAPED if shaped and args.mode == "esync"
-                           else COMM_DTYPE_FREE)
+                           and not args.low_rank else COMM_DTYPE_FREE)
     _aggregation_for_split(args)
     if args.slowdown_list is None:
         args.slowdown_list = DEFAULT_SLOWDOWN if args.workers == 4 else "1"

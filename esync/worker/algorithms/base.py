@@ -54,6 +54,7 @@ class AlgorithmConfig:
     comm_dtype: str = "float32"           # --comm-dtype: the deltas' type on the wire
     prox_mu: float = 0.0                  # --prox-mu: FedProx's proximal coefficient (0: none)
     scaffold: bool = False                # --scaffold: SCAFFOLD's control variates
+    low_rank: int = 0                     # --low-rank: PowerSGD rank of the deltas (0: full)
     batch_size: int = 64                  # -b: samples per local step
     max_rounds: int = 0                   # --max-rounds: the last round (0: no such bound)
     state_url: str = "http://127.0.0.1:10010"
@@ -73,6 +74,7 @@ class AlgorithmConfig:
                    comm_dtype=getattr(args, "comm_dtype", cls.comm_dtype),
                    prox_mu=getattr(args, "prox_mu", 0.0) or 0.0,
                    scaffold=bool(getattr(args, "scaffold", False)),
+                   low_rank=getattr(args, "low_rank", 0) or 0,
                    batch_size=getattr(args, "batch_size", cls.batch_size),
                    max_rounds=getattr(args, "max_rounds", 0) or 0,
                    state_url=f"http://{args.state_server_ip}:{args.state_server_port}",

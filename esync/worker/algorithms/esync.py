@@ -37,6 +37,10 @@ round's start, ``y_i`` the local model: the round's mean raw gradient), and the 
 ``--comm-dtype float16``: the deltas travel as half floats on keys of their own (half the bytes;
 the global model and the outer step stay float32).
 
+``--low-rank R``: each large delta travels as two rank-R factors (PowerSGD with error feedback,
+``esync.worker.algorithms.lowrank``): the first exchange carries the small arrays in full and
+each ``M_i Q``, a second one each ``M_i^T P^``; a few percent of the bytes, for slow links.
+
 ``--overlap``: the exchange of round r runs while round r+1 computes. The global model ``g``
 (identical on every rank) moves one round late, when round r's sum arrives at the end of round
 r+1; meanwhile each worker continues from ``g`` plus its own fresh delta (the "eager" variant of
@@ -52,6 +56,7 @@ from concurrent.futures import ThreadPoolExecutor
 from mxnet import nd
 
 import esync.worker.algorithms.aggregate as aggregate
+from esync.worker.algorithms.lowrank import LowRankWire
 from esync.common.speeds import communication_threads
 from esync.worker.algorithms.base import Algorithm, datas
 from esync.coordination.client import ReadinessAsker, SpeedAnnouncer, StateClient
@@ -73,6 +78,8 @@ class ESync(Algorithm):
         self.momentum = ([nd.zeros(p.shape, ctx=w.ctx) for p in w.trainable]
                          if self.outer.has_state else [None] * len(w.trainable))
         self.variate = self.own_variate = None
+        self.lowrank = (LowRankWire([p.shape for p in w.trainable], cfg.low_rank, w.ctx)
+                        if cfg.low_rank else None)
         if cfg.scaffold:
             self.variate = [nd.zeros(p.shape, ctx=w.ctx) for p in w.trainable]       # c
             self.own_variate = [nd.zeros(p.shape, ctx=w.ctx) for p in w.trainable]   # c_i
@@ -126,7 +133,10 @@ class ESync(Algorithm):
         changes of each worker's variate. One key per parameter each."""
         shapes = [p.shape for p in self.worker.trainable]
         wire = [(shape, self.config.comm_dtype) for shape in shapes] if self._narrow_wire else []
-        return wire + ([(shape, "float32") for shape in shapes] if self.config.scaffold else [])
+        variates = [(shape, "float32") for shape in shapes] if self.config.scaffold else []
+        factors = ([(shape, "float32") for shape in self.lowrank.key_shapes()]
+                   if self.lowrank is not None else [])
+        return wire + variates + factors
 
     @property
     def _narrow_wire(self) -> bool:
@@ -144,7 +154,11 @@ class ESync(Algorithm):
         self.delta_sum = [nd.zeros(x.shape, ctx=x.context, dtype=wire) for x in self.weights]
         n, extra = len(self.weights), w.keys.extra
         self.delta_keys = extra[:n] if self._narrow_wire else w.keys.trainable
-        self.variate_keys = extra[n:] if self._narrow_wire else extra
+        first_variate = n if self._narrow_wire else 0
+        variates = n if self.config.scaffold else 0
+        self.variate_keys = extra[first_variate:first_variate + variates]
+        if self.lowrank is not None:
+            self.lowrank.use_keys(extra[first_variate + variates:])
         self.aux = datas(w.aux)
         self.aux_sum = [nd.zeros_like(x) for x in self.aux]
 
@@ -257,9 +271,12 @@ class ESync(Algorithm):
         # Pushed arrays become the keys' receive buffers (KVChannel.init): the batch-norm
         # statistics go as copies, or a forward pass would wait for an overlapped exchange.
         aux = [a.copy() for a in self.aux] if cfg.overlap else self.aux
+        sums, keys = self.delta_sum, self.delta_keys
+        if self.lowrank is not None:          # the large deltas go as their first factors
+            pushed, sums, keys = self.lowrank.first(pushed, sums, keys)
         return self.start_exchange(pushed + aux + extra,
-                                   self.delta_sum + self.aux_sum + extra_sums,
-                                   self.delta_keys + w.keys.aux + self.variate_keys[:len(extra)],
+                                   sums + self.aux_sum + extra_sums,
+                                   keys + w.keys.aux + self.variate_keys[:len(extra)],
                                    want_stop,
                                    k=w.round_k, c=w.round_c, plan=self._plan_to_send(),
                                    d=self.last_comm, o=self.last_overhead, watch=watch)
@@ -292,6 +309,8 @@ class ESync(Algorithm):
         control = exchange.wait()
         self.round_waited += exchange.waited
         self.last_comm = exchange.seconds
+        if self.lowrank is not None:
+            self._second_factors()
         self.worker_ks = control.k          # every worker's k_i, for rank 0's TensorBoard
         if self.variate is not None:         # c <- c + mean of the changes of the c_i
             for c, total in zip(self.variate, self.variate_sum):
@@ -301,6 +320,19 @@ class ESync(Algorithm):
         for p, total in zip(w.aux, self.aux_sum):
             p.set_data(total / w.num_workers)
         return control
+
+    def _second_factors(self) -> None:
+        """--low-rank: the second exchange (each worker's ``M_i^T P^``), then the approximate
+        sums of the compressed deltas into ``delta_sum``; its time counts as the exchange's."""
+        arrays, outs, keys = self.lowrank.second()
+        began = time.perf_counter()
+        self.worker.channel.start_push_pull(keys, arrays, outs)
+        for out in outs:
+            out.wait_to_read()
+        took = time.perf_counter() - began
+        self.round_waited += took
+        self.last_comm = (self.last_comm or 0.0) + took
+        self.lowrank.finish(self.delta_sum)
 
     def _move_to_aggregate(self, scale: float) -> None:
         """g <- g + gl * outer_step(scale * pulled sum); every worker computes the same."""
