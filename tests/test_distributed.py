@@ -520,9 +520,9 @@ LOW_RANK, LOW_RANK_ROUNDS = 2, 6
 def test_low_rank_rounds_are_powersgd_with_error_feedback_on_the_workers_deltas(tmp_path,
                                                                                 small_data):
     """Two workers (1x, 3x: unequal k) with --low-rank 2, the weighted rule and outer Nesterov.
-    Every round each pushes the small arrays in full and rank-2 factors of conv2's kernel and
-    the first dense layer (lenet: 2.4% of the numbers), every rank holds the same global model
-    after each round, and rank 0's checkpoints are the pure rule replayed on the dumped deltas:
+    Every round each pushes the small arrays in full and rank-2 factors of conv2's kernel, the
+    first dense layer and the output layer (lenet: 1.3% of the numbers), every rank holds the
+    same global model after each round, and rank 0's checkpoints are the pure rule replayed on the dumped deltas:
     PowerSGD (``lowrank.reference_round``) with each worker's residual carried to its next
     round, then the weighted rule's scale and the outer step. A replay that drops the residuals,
     or that sums the deltas in full, gives other steps: the test checks that too."""
@@ -538,7 +538,7 @@ def test_low_rank_rounds_are_powersgd_with_error_feedback_on_the_workers_deltas(
     net = models.build("lenet", mx.cpu(), seed=SEED)
     shapes = [p.shape for n, p in models.named_parameters(net).items() if n in TRAINABLE]
     sent, full = lowrank.traffic(shapes, LOW_RANK)
-    assert sent < 0.03 * full
+    assert sent < 0.014 * full
     for rounds in device_logs(tmp_path / "lenet" / "esync").values():
         assert len(rounds) == LOW_RANK_ROUNDS
         assert {r["bytes_pushed"] for r in rounds} == {4 * sent + 4 * (2 + 5 * 2)}
