@@ -172,6 +172,20 @@ def _rel_error(got, want):
                for g, w in zip(got, want))
 
 
+def _checkpointed_rounds(log_dir, rounds):
+    """Rank 0's checkpoints of rounds 1..rounds: {t: model}, {t: outer momentum buffers (None
+    without momentum)}, each a list in TRAINABLE's order."""
+    from esync.worker.algorithms.esync import MOMENTUM_STATE
+    store = CheckpointStore(log_dir / "lenet" / "esync" / "checkpoints")
+    models_, buffers = {}, {}
+    for t in range(1, rounds + 1):
+        _, arrays = store.load(store.path_for(t), network="lenet")
+        state = store.read_state(store.path_for(t))
+        models_[t] = [arrays[n] for n in TRAINABLE]
+        buffers[t] = [state.get(MOMENTUM_STATE.format(i)) for i in range(len(TRAINABLE))]
+    return models_, buffers
+
+
 TRAINABLE = [n for n, p in models.named_parameters(models.build("lenet", mx.cpu(),
                                                                 seed=SEED)).items()
              if p.grad_req != "null"]
@@ -205,7 +219,6 @@ def test_esync_rule_with_unequal_k_is_the_pure_rule_on_the_workers_deltas(
     With float16 deltas on the wire every exchange moves half the bytes, and the rule applies
     to the rounded pushes."""
     from esync.worker.algorithms import aggregate
-    from esync.worker.algorithms.esync import MOMENTUM_STATE
     dumps = tmp_path / "dumps"
     run_cluster(tmp_path, small_data, "-m", "esync", "--policy", "planned", "--workers", 2,
                 "--slowdown", "1,3", "--aggregation", rule, "--outer-momentum", momentum,
@@ -221,13 +234,7 @@ def test_esync_rule_with_unequal_k_is_the_pure_rule_on_the_workers_deltas(
     for rounds in logs.values():
         # the deltas, the batch-norm statistics (none in lenet) and the float32 control vector
         assert {r["bytes_pushed"] - 4 * (2 + 5 * 2) for r in rounds} == {wire_bytes}
-    store = CheckpointStore(tmp_path / "lenet" / "esync" / "checkpoints")
-    models_, buffers = {}, {}
-    for t in range(1, UNEQUAL_ROUNDS + 1):
-        _, arrays = store.load(store.path_for(t), network="lenet")
-        state = store.read_state(store.path_for(t))
-        models_[t] = [arrays[n] for n in TRAINABLE]
-        buffers[t] = [state.get(MOMENTUM_STATE.format(i)) for i in range(len(TRAINABLE))]
+    models_, buffers = _checkpointed_rounds(tmp_path, UNEQUAL_ROUNDS)
     pushed = _dumps(dumps, "esync")
 
     def rule_applied(t, rule_name, outer):
@@ -527,7 +534,6 @@ def test_low_rank_rounds_are_powersgd_with_error_feedback_on_the_workers_deltas(
     round, then the weighted rule's scale and the outer step. A replay that drops the residuals,
     or that sums the deltas in full, gives other steps: the test checks that too."""
     from esync.worker.algorithms import aggregate, lowrank
-    from esync.worker.algorithms.esync import MOMENTUM_STATE
     dumps = tmp_path / "dumps"
     run_cluster(tmp_path, small_data, "-m", "esync", "--policy", "planned", "--workers", 2,
                 "--slowdown", "1,3", "--aggregation", "weighted", "--outer-momentum", 0.5,
@@ -545,13 +551,7 @@ def test_low_rank_rounds_are_powersgd_with_error_feedback_on_the_workers_deltas(
     held = _dumps(dumps, "global")
     for t in range(1, LOW_RANK_ROUNDS + 1):
         assert _rel_error(_listed(held[0, t], "model"), _listed(held[1, t], "model")) == 0, t
-    store = CheckpointStore(tmp_path / "lenet" / "esync" / "checkpoints")
-    models_, buffers = {}, {}
-    for t in range(1, LOW_RANK_ROUNDS + 1):
-        _, arrays = store.load(store.path_for(t), network="lenet")
-        state = store.read_state(store.path_for(t))
-        models_[t] = [arrays[n] for n in TRAINABLE]
-        buffers[t] = [state[MOMENTUM_STATE.format(i)] for i in range(len(TRAINABLE))]
+    models_, buffers = _checkpointed_rounds(tmp_path, LOW_RANK_ROUNDS)
     pushed = _dumps(dumps, "esync")
     outer = aggregate.OuterOptimizer(0.5, True)
 
