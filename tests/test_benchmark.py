@@ -331,7 +331,8 @@ def test_defaults(data_dir, tmp_path, full_launcher):
     assert (args.lr_grid, args.repeats, args.budget, args.tune_budget) == (
         [0.0003, 0.001, 0.003], 3, 40.0, 10.0)
     assert [a.slug for a in args.aggregation_list] == [
-        "weighted-nesterov0.9-gl0.7-share1", "weighted-nesterov0.9-gl0.7-overlap-fp16", "mean"]
+        "weighted-nesterov0.9-gl0.7-share1", "weighted-nesterov0.9-gl0.7-share1-lowrank32",
+        "mean"]
     assert [a.slug for a in args.byclass_aggregation_list] == ["sum-share1", "mean-share1"]
     assert (args.scenario_list, args.emulation, args.cpu_share) == (
         ["static", "shifting"], "auto", None)
@@ -1339,7 +1340,8 @@ def test_collective_section_pairs_each_row_with_its_allreduce_twin(tmp_path):
 def test_the_canonical_command_gives_back_every_aggregation_part():
     from esync.benchmark.options import _aggregation_text
     text = ("fednova+scaffold,fednova+prox=0.1,weighted+nesterov=0.9+gl=0.7+share=0.1+overlap,"
-            "mean+momentum=0.5,weighted+nesterov=0.9+gl=0.7+overlap+fp16")
+            "mean+momentum=0.5,weighted+nesterov=0.9+gl=0.7+overlap+fp16,"
+            "weighted+nesterov=0.9+gl=0.7+share=1+lowrank=32")
     parsed = options.parse_aggregations(text)
     assert options.parse_aggregations(",".join(_aggregation_text(a) for a in parsed)) == parsed
     assert ",".join(_aggregation_text(a) for a in parsed) == text

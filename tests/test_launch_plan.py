@@ -325,22 +325,28 @@ def test_aggregation_defaults_follow_the_data_split_and_yield_to_the_user(
 
 
 @pytest.mark.parametrize("extra, want", [
-    ([], (1.0, False)),
-    (["--net", "netns"], (1.0, False)),
-    (["--net", "netns", "--bandwidth", "50mbit"], (0.1, True)),
-    (["--net", "netns", "--server-bandwidth", "50mbit"], (0.1, True)),
-    (["--backend", "ssh"], (0.1, True)),
-    (["-s", "1", "--net", "netns", "--bandwidth", "50mbit"], (1.0, False)),
-    (["-s", "2"], (1.0, False)),
-    (["--comm-share", "0.3", "--overlap"], (0.3, True)),
+    ([], (1.0, False, 0)),
+    (["--net", "netns"], (1.0, False, 0)),
+    (["--net", "netns", "--bandwidth", "50mbit"], (1.0, False, 32)),
+    (["--net", "netns", "--server-bandwidth", "50mbit"], (1.0, False, 32)),
+    (["--backend", "ssh"], (1.0, False, 32)),
+    (["--net", "netns", "--bandwidth", "50mbit", "--low-rank", "0"], (0.1, True, 0)),
+    (["--backend", "ssh", "--overlap"], (0.1, True, 0)),
+    (["--net", "netns", "--bandwidth", "50mbit", "--comm-dtype", "float16"], (0.1, True, 0)),
+    (["-s", "1", "--net", "netns", "--bandwidth", "50mbit"], (1.0, False, 0)),
+    (["-s", "2"], (1.0, False, 0)),
+    (["--comm-share", "0.3", "--overlap"], (0.3, True, 0)),
     (["--net", "netns", "--bandwidth", "50mbit", "--comm-share", "1", "--no-overlap"],
-     (1.0, False)),
-], ids=["loopback", "netns-unshaped", "shaped-hosts", "shaped-server", "ssh", "by-class-shaped",
+     (1.0, False, 32)),
+], ids=["loopback", "netns-unshaped", "shaped-hosts", "shaped-server", "ssh",
+        "shaped-full-deltas", "ssh-overlap", "shaped-float16", "by-class-shaped",
         "shuffled-loopback", "user-loopback", "user-shaped"])
 def test_rounds_stretch_and_overlap_by_default_only_where_links_cost(
         tmp_path, fashion_data_dir, extra, want):
     """i.i.d. data over free links: rounds of one slowest iteration, no overlap (measured best
-    there); over shaped or other machines' links: stretched rounds, overlapped; by class: never."""
+    there); over shaped or other machines' links: rank-32 deltas (PowerSGD) with the same rounds,
+    or, with the deltas in full (--low-rank 0, or what excludes factors: --overlap, float16),
+    stretched rounds, overlapped; by class: never."""
     from esync.launch.flags import parse
     if "--backend" in extra:                   # ssh places the workers by its host file
         hostfile = tmp_path / "hosts"
@@ -350,26 +356,30 @@ def test_rounds_stretch_and_overlap_by_default_only_where_links_cost(
         placement = ["--workers", "2"]
     args = parse(build_parser(), ["-ld", str(tmp_path), "-dd", str(fashion_data_dir),
                                   *placement, *extra])
-    assert (args.comm_share, args.overlap) == want
+    assert (args.comm_share, args.overlap, args.low_rank) == want
     if "--net" not in extra and "--backend" not in extra:   # what the workers are told
         worker = next(s for s in LocalCluster(args, build_parser()).plan() if s.kind == "worker")
         argv = worker.argv
         assert float(argv[argv.index("--comm-share") + 1]) == want[0]
+        assert int(argv[argv.index("--low-rank") + 1]) == want[2]
         assert ("--overlap" if want[1] else "--no-overlap") in argv
 
 
 @pytest.mark.parametrize("extra, want", [
     ([], "float32"),
     (["--net", "netns"], "float32"),
-    (["--net", "netns", "--bandwidth", "50mbit"], "float16"),
-    (["--net", "netns", "--server-bandwidth", "50mbit"], "float16"),
-    (["--net", "netns", "--bandwidth", "50mbit", "--comm-dtype", "float32"], "float32"),
+    (["--net", "netns", "--bandwidth", "50mbit"], "float32"),
+    (["--net", "netns", "--bandwidth", "50mbit", "--low-rank", "0"], "float16"),
+    (["--net", "netns", "--server-bandwidth", "50mbit", "--overlap"], "float16"),
+    (["--net", "netns", "--bandwidth", "50mbit", "--low-rank", "0", "--comm-dtype", "float32"],
+     "float32"),
     (["--comm-dtype", "float16"], "float16"),
     (["--net", "netns", "--bandwidth", "50mbit", "-m", "sync"], "float32"),
-], ids=["loopback", "netns-unshaped", "shaped-hosts", "shaped-server", "user-float32",
-        "user-float16", "shaped-sync"])
-def test_deltas_travel_as_float16_by_default_only_on_shaped_links(
+], ids=["loopback", "netns-unshaped", "shaped-low-rank", "shaped-full-deltas",
+        "shaped-server-overlap", "user-float32", "user-float16", "shaped-sync"])
+def test_full_deltas_travel_as_float16_by_default_only_on_shaped_links(
         tmp_path, fashion_data_dir, extra, want):
+    """Float16 halves a full exchange; low-rank factors (the shaped-link default) stay float32."""
     from esync.launch.flags import parse
     args = parse(build_parser(), ["-ld", str(tmp_path), "-dd", str(fashion_data_dir),
                                   "--workers", "2", *extra])
@@ -383,7 +393,8 @@ def test_deltas_travel_as_float16_by_default_only_on_shaped_links(
                          ids=["loopback", "shaped"])
 def test_low_rank_deltas_get_the_rounds_of_free_links(tmp_path, fashion_data_dir, extra):
     """With --low-rank an exchange costs a few percent of the model, on any link: rounds of
-    one slowest iteration, no overlap, float32 factors, unless the user says otherwise."""
+    one slowest iteration, no overlap, float32 factors, unless the user says otherwise; asked
+    with --overlap it is refused, not dropped."""
     from esync.common.errors import UsageError
     from esync.launch.flags import parse
     args = parse(build_parser(), ["-ld", str(tmp_path), "-dd", str(fashion_data_dir),

@@ -25,12 +25,12 @@ SCENARIOS = ("static", "shifting")
 # kind of link. First its choice on free links: DiLoCo's outer Nesterov momentum 0.9 with an outer
 # learning rate of 0.7 on the k-weighted average, rounds of one slowest iteration, no overlap
 # (docs/benchmark-loopback-rounds; the shifting scenario uses the first rule); then its choice on
-# shaped links: the same rule with the exchange overlapped with the next round and float16 deltas
-# (docs/benchmark-fp16); then the original's plain mean. Each row runs on both kinds of link, so
+# shaped links: the same rule and rounds with the deltas as rank-32 PowerSGD factors
+# (docs/benchmark-lowrank-shaped-32); then the original's plain mean. Each row runs on both kinds of link, so
 # the report shows what each choice costs where it is not the default. fednova (below mean in
 # every earlier report) is left to --aggregations to keep the default within its time.
-DEFAULT_AGGREGATIONS = ("weighted+nesterov=0.9+gl=0.7+share=1,weighted+nesterov=0.9+gl=0.7+overlap+fp16,"
-                        "mean")
+DEFAULT_AGGREGATIONS = ("weighted+nesterov=0.9+gl=0.7+share=1,"
+                        "weighted+nesterov=0.9+gl=0.7+share=1+lowrank=32,mean")
 # ESync rows of the by-class splits: the launcher's rule for -s 1 (sum, no outer momentum,
 # rounds of one slowest iteration, no overlap: docs/benchmark-byclass-sum) and the original's
 # mean. The i.i.d. rows' outer Nesterov momentum ends at chance on -s 1.

@@ -31,7 +31,8 @@ CLUSTER_LR = 0.05 / 64
 CLUSTER_DEFAULTS = dict(network="lenet", cpu=1, learning_rate=CLUSTER_LR, local_lr=CLUSTER_LR,
                         eval_duration=10, max_seconds=90.0, mode="esync",
                         aggregation=None, outer_momentum=None, nesterov=None, global_lr=None,
-                        comm_share=None, max_round_seconds=5.0, overlap=None, comm_dtype=None)
+                        comm_share=None, max_round_seconds=5.0, overlap=None, comm_dtype=None,
+                        low_rank=None)
 # ESync's aggregation by data split, each the best ESync row of a repeated benchmark:
 # - i.i.d. (docs/benchmark/report.md): deltas weighted by k_i, DiLoCo's outer Nesterov momentum
 #   0.9 and outer learning rate 0.7;
@@ -69,6 +70,16 @@ OVERLAP_IID, OVERLAP_FREE_LINKS, OVERLAP_BY_CLASS = True, False, False
 # reached 0.85 in 22.9 s (21.9-23.1) against 25.5 s (24.5-26.9); on loopback it saves nothing
 # and its casts cost the x8 device (20.9 s (16.9-21.5) against 16.8 s (16.7-20.6)).
 COMM_DTYPE_SHAPED, COMM_DTYPE_FREE = "float16", "float32"
+# --low-rank on i.i.d. data over links that cost (shaped, or other machines'): the deltas as
+# PowerSGD factors of rank 32 with rounds of one slowest iteration, no overlap (lenet: 17% of
+# the model's bytes per exchange). Three screens on 115 Mbit links, 3 repeats each, times to
+# 0.85: docs/benchmark-lowrank-shaped: rank 8 11.0 s (10.7-11.7), overlapped float16 deltas (the
+# previous default) 12.8 s (11.4-13.2), rank 4 13.2 s, rank 2 31.6 s, one device alone 15.7 s;
+# docs/benchmark-lowrank-shaped-16: rank 16 8.8 s (8.5-10.6), rank 8 11.4 s;
+# docs/benchmark-lowrank-shaped-32: rank 32 8.9 s (8.0-10.7), rank 16 10.5 s (9.5-13.1), one
+# device alone 15.3 s (15.2-17.4): 1.72x. Left at 0 where the user asks for what it cannot run
+# with (--overlap, --comm-dtype float16, --scaffold, --collective allreduce).
+LOW_RANK_COSTLY_LINKS = 32
 STATE_SERVER_RESTARTS = 3        # a state server that keeps dying is a failure, not a blip
 DEFAULT_SLOWDOWN = "1,1,4,8"      # the emulated cluster: two fast, one 4x, one 8x slower
 LOCAL_ADDRESS = "127.0.0.1"       # the local backend's one host
@@ -124,16 +135,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser._option_string_actions["--comm-share"].help = (
         "the state server stretches rounds so that the measured exchange takes at most this "
         f"share of a round (default by data split and link: {COMM_SHARE_IID:g} on i.i.d. data "
-        f"over shaped links or other machines' links, {COMM_SHARE_FREE_LINKS:g} (rounds of one "
-        "slowest iteration) over free links (--net loopback, or netns without a rate), "
+        "over shaped links or other machines' links with deltas in full (--low-rank 0), "
+        f"{COMM_SHARE_FREE_LINKS:g} (rounds of one slowest iteration) over free links "
+        "(--net loopback, or netns without a rate) or with --low-rank, "
         f"{COMM_SHARE_BY_CLASS:g} with -s 1 or -s 2, where longer rounds are more drift)")
     parser._option_string_actions["--overlap"].help += (
         f" (default by data split and link: {'on' if OVERLAP_IID else 'off'} on i.i.d. data "
-        f"over shaped links or other machines' links, {'on' if OVERLAP_FREE_LINKS else 'off'} "
-        f"over free links, {'on' if OVERLAP_BY_CLASS else 'off'} with -s 1 or -s 2)")
+        "over shaped links or other machines' links with --low-rank 0, "
+        f"{'on' if OVERLAP_FREE_LINKS else 'off'} over free links or with --low-rank, "
+        f"{'on' if OVERLAP_BY_CLASS else 'off'} with -s 1 or -s 2)")
     parser._option_string_actions["--comm-dtype"].help += (
-        f" (default by link: {COMM_DTYPE_SHAPED} for -m esync with --net netns and a "
-        f"--bandwidth or --server-bandwidth, {COMM_DTYPE_FREE} otherwise)")
+        f" (default by link: {COMM_DTYPE_SHAPED} for -m esync with --low-rank 0 over --net "
+        f"netns with a --bandwidth or --server-bandwidth, {COMM_DTYPE_FREE} otherwise)")
+    parser._option_string_actions["--low-rank"].help += (
+        f" (default by data split and link: {LOW_RANK_COSTLY_LINKS} for -m esync on i.i.d. "
+        "data over shaped links or other machines' links, unless --overlap, --comm-dtype "
+        "float16, --scaffold or --collective allreduce is given; 0 otherwise)")
     local_iters = parser._option_string_actions["--local-iters"]
     local_iters.type, local_iters.default = local_iters_list, ()
     local_iters.help = ("fixed local iterations per round, bypassing the state server: one "
@@ -228,6 +245,8 @@ def parse(parser, argv) -> argparse.Namespace:
                              f"--backend local, not --backend {args.backend}")
     shaped = args.net == "netns" and bool(args.bandwidth or args.server_bandwidth)
     free_links = args.backend == "local" and not shaped     # every process here, no rate
+    if args.low_rank is None:
+        args.low_rank = _default_low_rank(args, free_links)
     # Low-rank deltas make an exchange cost a few percent of the model: rounds as on free links.
     cheap_exchange = free_links or bool(args.low_rank)
     if args.comm_share is None:
@@ -275,6 +294,15 @@ def parse(parser, argv) -> argparse.Namespace:
     if args.backend != "kubernetes":          # the pods check their own data and logs
         check_before_start(args)
     return args
+
+
+def _default_low_rank(args, free_links: bool) -> int:
+    """PowerSGD factors where the links cost and nothing the user asked for excludes them."""
+    excluded = (args.overlap or args.comm_dtype not in (None, "float32") or args.scaffold
+                or args.collective != "ps")
+    if args.mode != "esync" or args.split_by_class or free_links or excluded:
+        return 0
+    return LOW_RANK_COSTLY_LINKS
 
 
 def _aggregation_for_split(args) -> None:
