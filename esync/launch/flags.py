@@ -55,9 +55,11 @@ AGGREGATION_BY_SPLIT = {
 # one slowest iteration and no overlap, since every extra local step on one device's classes is
 # drift (FedAvg's local-epochs trade-off; a 2-worker -s 1 cluster test fell to chance with
 # stretched rounds) and a one-round-late aggregate is one more round of it. On i.i.d. shards:
-# - links to other machines, or shaped ones: rounds stretched until the exchange takes at most
-#   10% of a round, and the exchange overlapped with the next round (docs/benchmark-fp16: with
-#   float16 deltas 0.85 in 22.9 s against 26.2 s for one device on 69 Mbit links);
+# - links to other machines, or shaped ones, with the deltas in full (--low-rank 0; the default
+#   there is rank-32 factors, LOW_RANK_COSTLY_LINKS, with the rounds of free links): rounds
+#   stretched until the exchange takes at most 10% of a round, and the exchange overlapped with
+#   the next round (docs/benchmark-fp16: with float16 deltas 0.85 in 22.9 s against 26.2 s for
+#   one device on 69 Mbit links);
 # - free links (every process on this machine, no rate): rounds of one slowest iteration, no
 #   overlap. docs/benchmark-loopback-rounds (3 repeats): 0.85 in 12.9 s (12.7-16.6) against
 #   16.8 s (16.5-17.3) overlapped, 19.0 s stretched to 10%, ASGD 20.9 s (20.4-24.1): where the
