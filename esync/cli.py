@@ -280,22 +280,27 @@ def check_esync_options(args) -> None:
                          "leave --comm-dtype at float32 or use -m esync")
 
 
-def check_low_rank(args) -> None:
-    """--low-rank runs on ESync's plain exchange over the parameter server."""
-    if not getattr(args, "low_rank", 0):
-        return
-    conflict = None
+def low_rank_conflict(args) -> str | None:
+    """What in ``args`` excludes --low-rank (which runs on ESync's plain exchange over the
+    parameter server), as the fix to give; None: nothing. Flags still unset (None, as the
+    launcher has them before its defaults) exclude nothing."""
     if args.mode != "esync":
-        conflict = f"-m {args.mode} exchanges gradients or weights, not deltas; use -m esync"
-    elif getattr(args, "overlap", False):
-        conflict = "--overlap is not supported with it; give --no-overlap"
-    elif getattr(args, "comm_dtype", "float32") != "float32":
-        conflict = ("the factors travel as float32 (the arrays left in full are a few percent "
-                    "of the bytes); give --comm-dtype float32")
-    elif getattr(args, "scaffold", False):
-        conflict = "--scaffold's variates would still travel in full; give --no-scaffold"
-    elif getattr(args, "collective", "ps") != "ps":
-        conflict = "it runs over the parameter server; give --collective ps"
+        return f"-m {args.mode} exchanges gradients or weights, not deltas; use -m esync"
+    if getattr(args, "overlap", None):
+        return "--overlap is not supported with it; give --no-overlap"
+    if getattr(args, "comm_dtype", None) not in (None, "float32"):
+        return ("the factors travel as float32 (the arrays left in full are a few percent "
+                "of the bytes); give --comm-dtype float32")
+    if getattr(args, "scaffold", None):
+        return "--scaffold's variates would still travel in full; give --no-scaffold"
+    if getattr(args, "collective", "ps") != "ps":
+        return "it runs over the parameter server; give --collective ps"
+    return None
+
+
+def check_low_rank(args) -> None:
+    """A --low-rank that cannot run is an error naming the flag to change."""
+    conflict = low_rank_conflict(args) if getattr(args, "low_rank", 0) else None
     if conflict:
         raise UsageError(f"argument --low-rank: {conflict} (or --low-rank 0)")
 

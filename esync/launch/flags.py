@@ -300,9 +300,7 @@ def parse(parser, argv) -> argparse.Namespace:
 
 def _default_low_rank(args, free_links: bool) -> int:
     """PowerSGD factors where the links cost and nothing the user asked for excludes them."""
-    excluded = (args.overlap or args.comm_dtype not in (None, "float32") or args.scaffold
-                or args.collective != "ps")
-    if args.mode != "esync" or args.split_by_class or free_links or excluded:
+    if args.split_by_class or free_links or cli.low_rank_conflict(args):
         return 0
     return LOW_RANK_COSTLY_LINKS
 

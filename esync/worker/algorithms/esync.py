@@ -265,7 +265,9 @@ class ESync(Algorithm):
         """Start the exchange of this round's weighted deltas and batch-norm statistics."""
         w, cfg = self.worker, self.config
         push = aggregate.push_weight(cfg.aggregation, w.round_k)
-        pushed = [self._on_the_wire(d, push) for d in deltas]
+        factored = self.lowrank.indices if self.lowrank is not None else ()
+        pushed = [d if i in factored else self._on_the_wire(d, push)
+                  for i, d in enumerate(deltas)]
         extra = self._variate_changes(deltas)
         extra_sums = self.variate_sum if extra else []
         # Pushed arrays become the keys' receive buffers (KVChannel.init): the batch-norm
@@ -273,7 +275,7 @@ class ESync(Algorithm):
         aux = [a.copy() for a in self.aux] if cfg.overlap else self.aux
         sums, keys = self.delta_sum, self.delta_keys
         if self.lowrank is not None:          # the large deltas go as their first factors
-            pushed, sums, keys = self.lowrank.first(pushed, sums, keys)
+            pushed, sums, keys = self.lowrank.first(pushed, sums, keys, push=push)
         return self.start_exchange(pushed + aux + extra,
                                    sums + self.aux_sum + extra_sums,
                                    keys + w.keys.aux + self.variate_keys[:len(extra)],
@@ -326,9 +328,7 @@ class ESync(Algorithm):
         sums of the compressed deltas into ``delta_sum``; its time counts as the exchange's."""
         arrays, outs, keys = self.lowrank.second()
         began = time.perf_counter()
-        self.worker.channel.start_push_pull(keys, arrays, outs)
-        for out in outs:
-            out.wait_to_read()
+        self.worker.channel.push_pull(keys, arrays, outs)
         took = time.perf_counter() - began
         self.round_waited += took
         self.last_comm = (self.last_comm or 0.0) + took

@@ -123,12 +123,15 @@ class LowRankWire:
         n = len(self.indices)
         self.p_keys, self.q_keys = list(keys[:n]), list(keys[n:2 * n])
 
-    def first(self, pushed: list, outs: list, keys: list) -> tuple[list, list, list]:
-        """The first exchange: ``pushed`` (this round's pushes, one per parameter) with each
-        compressed one replaced by ``P_i = M_i Q`` (``M_i``: its matrix plus the residual)."""
+    def first(self, pushed: list, outs: list, keys: list, *, push: float = 1.0
+              ) -> tuple[list, list, list]:
+        """The first exchange: ``pushed`` (this round's pushes, one per parameter; the
+        compressed ones still raw deltas, weighted here by ``push`` in the same pass that adds
+        the residual) with each compressed one replaced by ``P_i = M_i Q``."""
         arrays, outs, keys = list(pushed), list(outs), list(keys)
         for n, i in enumerate(self.indices):
-            matrix = pushed[i].reshape(matrix_shape(self.shapes[i])) + self.residual[i]
+            delta = pushed[i].reshape(matrix_shape(self.shapes[i]))
+            matrix = (delta * push if push != 1 else delta) + self.residual[i]
             self._matrix[i] = matrix
             arrays[i], outs[i], keys[i] = self.nd.dot(matrix, self.q[i]), self.p_sum[i], \
                 self.p_keys[n]
