@@ -26,6 +26,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 KILLS = 10
 ROUNDS = 60
+# Kills land in the first half of the job: each kill costs the test up to a few hundred ms of
+# reaction (a random pause, the wait for a queued request) while the workers run on, and the job
+# must still be running when the tenth kill comes.
+LAST_KILL_ROUND = ROUNDS // 2
 # The launcher restarts a dead state server at most STATE_SERVER_RESTARTS times per job (3 by
 # default); this test needs more, so it raises the budget for its own launcher.
 LAUNCHER = ("import sys, esync.launch.program as program; program.STATE_SERVER_RESTARTS = 50; "
@@ -162,10 +166,10 @@ def test_job_finishes_with_every_round_logged_when_the_state_server_is_killed_10
     rng = random.Random(seed)                 # a failure names its seed: ESYNC_CHAOS_SEED=...
     data_dir = write_fashion_dir(tmp_path / "data")
     launcher = launcher_reaper("-ld", tmp_path, "-dd", data_dir, "--quiet", "-m", "esync",
-                               "--workers", 2, "--slowdown", "1,2", "-b", 8,
+                               "--workers", 2, "--slowdown", "1,3", "-b", 32,
                                "--max-rounds", ROUNDS, "--max-seconds", 0, "--no-evaluator")
     mode_dir = tmp_path / "lenet" / "esync"
-    kill_rounds = sorted(rng.sample(range(2, ROUNDS - 8), KILLS))
+    kill_rounds = sorted(rng.sample(range(2, LAST_KILL_ROUND), KILLS))
     in_flight = 0
     for number, kill_round in enumerate(kill_rounds):
         wait_until(lambda: rounds_logged(mode_dir, "cpu0") >= kill_round, 180, launcher,
