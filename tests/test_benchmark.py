@@ -994,6 +994,20 @@ def test_repeats_use_a_seed_each_and_tuning_runs_once(data_dir, tmp_path, full_l
         ("local", 0.003, "7")]
 
 
+def test_same_seed_repeats_differ_only_in_their_folders(data_dir, tmp_path, full_launcher):
+    args = args_for(data_dir, tmp_path, "--modes", "async", "--no-niid", "--net", "loopback",
+                    "--scenarios", "static", "--seed", "7", "--tune-lr", "none",
+                    "--same-seed")
+    jobs = plan.full_jobs(args, tmp_path, plan.rows(args), plan.settings(args, None),
+                          {"async": 0.001})
+    assert [(j.rep, j.argv[j.argv.index("--seed") + 1]) for j in jobs] == [
+        (1, "7"), (2, "7"), (3, "7")]
+    assert len({j.root for j in jobs}) == 3
+    assert [(a.replace(str(j.root), "ROOT")) for j in jobs[1:] for a in j.argv] == [
+        a.replace(str(jobs[0].root), "ROOT") for _ in jobs[1:] for a in jobs[0].argv]
+    assert "--same-seed" in options.canonical_command(args).split()
+
+
 def test_ssgd_runs_on_to_the_target_or_its_cap_in_the_static_iid_rows(data_dir, tmp_path,
                                                                         full_launcher):
     args = args_for(data_dir, tmp_path, "--modes", "sync,async", "--repeats", "1",

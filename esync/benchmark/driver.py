@@ -53,7 +53,8 @@ import esync.benchmark.metrics as metrics
 import esync.benchmark.plan as plan
 import esync.benchmark.report as report
 import esync.benchmark.shaping as shaping
-from esync.benchmark.options import PROG, UsageError, canonical_command, parse_args
+from esync.benchmark.options import (PROG, UsageError, canonical_command, parse_args,
+                                     repeat_seeds)
 from esync.benchmark.plan import child_env
 from esync.benchmark.runs import Progress, run_job, tail
 
@@ -112,7 +113,7 @@ def describe_plan(args, tune_jobs, jobs, settings, confirming=()) -> list[str]:
     first = [j for j in jobs if j.rep == 1]
     per = ", ".join(f"{s.name} {sum(1 for j in first if j.setting.name == s.name)}"
                     for s in settings)
-    seeds = ", ".join(str(args.seed + i) for i in range(args.repeats))
+    seeds = ", ".join(map(str, repeat_seeds(args)))
     extended = sum(1 for j in first if j.extended)
     L.append(f"plan: {len(jobs)} full run(s): {args.repeats} repeat(s) (seeds {seeds}) × "
              f"{len(first)} ({per}) of {args.budget:g} s"

@@ -352,6 +352,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--repeats", type=positive_int, default=DEFAULT_REPEATS,
                    help="run everything R times, repeat i with seed --seed + i - 1 (tuning runs "
                         "once); cells: median (min–max)")
+    r.add_argument("--same-seed", action="store_true",
+                   help="every repeat with --seed: the same data order and initial weights, so "
+                        "the range is the timing's alone (the machine, and the order in which "
+                        "asynchronous pushes arrive), not the seed's")
     r.add_argument("--scenarios", default=None,
                    help="comma-separated: static (every row on a fixed cluster, in each network "
                         "setting) and shifting (loopback, i.i.d.: ESync under each policy, SSGD "
@@ -587,6 +591,11 @@ def check_scenarios(args, flags: set[str]) -> None:
     args.scenario_notice = f"shifting scenario left out: {why}"
 
 
+def repeat_seeds(args) -> list[int]:
+    """The seed of each repeat: --seed, --seed + 1, ... (all --seed with --same-seed)."""
+    return [args.seed + (0 if args.same_seed else i) for i in range(args.repeats)]
+
+
 def canonical_command(args) -> str:
     """The command with every option spelled out: reruns the same benchmark."""
     argv = [PROG, "--workers", str(args.workers), "--slowdown", args.slowdown,
@@ -600,6 +609,7 @@ def canonical_command(args) -> str:
                                                for a in args.byclass_aggregation_list),
             "--collectives", ",".join(args.collective_list),
             "--data", args.data, "--repeats", str(args.repeats),
+            *(["--same-seed"] if args.same_seed else []),
             "--scenarios", args.scenarios,
             "--policy", args.policy, "--target", f"{args.target:g}",
             "--table1-target", f"{args.table1_target:g}",

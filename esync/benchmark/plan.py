@@ -8,6 +8,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from esync.benchmark import options
 from esync.common import modes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -338,7 +339,7 @@ def planned_confirmations(args, out: Path, all_rows: list[Row]) -> list[Job]:
 
 def full_jobs(args, out: Path, all_rows: list[Row], all_settings: list[Setting],
               lrs: dict[str, float]) -> list[Job]:
-    """Per repeat (seed, seed + 1, ...): every row in every setting of its scenario; standalone
+    """Per repeat (seed, seed + 1, ...; --same-seed: seed each time): every row in every setting of its scenario; standalone
     and by-class rows in the first network setting only. SSGD's i.i.d. runs of the static
     scenario go on past the budget until the target or --sync-cap-seconds (Table 1)."""
     jobs = []
@@ -393,7 +394,7 @@ def _job(args, row, setting, rep, lr, root, budget, log, extended=False,
     """``seed``: the run's seed (default: the repeat's; tuning runs the first repeat's)."""
     mode = modes.get(row.mode)
     folder = root / args.network / modes.folder_name(mode.cli_mode, mode.dcasgd, row.split)
-    seed = args.seed + max(rep, 1) - 1 if seed is None else seed
+    seed = options.repeat_seeds(args)[max(rep, 1) - 1] if seed is None else seed
     target = sync_target(args) if extended else None
     return Job(row=row, setting=setting, rep=rep, lr=lr, root=root, folder=folder,
                argv=job_argv(args, row, setting, lr, root, budget, seed=seed,

@@ -17,7 +17,7 @@ from esync.common import modes
 from esync.benchmark import stats
 from esync.benchmark.emulation import describe as describe_emulation
 from esync.benchmark.metrics import TUNING_TOLERANCE
-from esync.benchmark.options import canonical_command
+from esync.benchmark.options import canonical_command, repeat_seeds
 from esync.benchmark.plan import (CLUSTER_EVAL, CONFIRMED_RATES, SHIFTING, Job, Setting,
                                   display_argv, sync_cap, sync_target)
 from esync.benchmark.runs import tail
@@ -514,11 +514,13 @@ def render(args, *, jobs: list[Job], tune_jobs: list[Job], results: dict,
                    2: "by class, shuffled inside each shard (`-s 2`)"}
     split = " and ".join(split_names[v] for v in args.splits) + (
         " (by class: first network setting only)" if args.niid else "")
-    seeds = ", ".join(str(args.seed + i) for i in range(args.repeats))
+    seeds = ", ".join(map(str, repeat_seeds(args)))
     capped = emulation["counts"].get("cpu-cap", 0) > 0
     L = [f"# esync benchmark — {args.network}, {args.workers} workers ({slow})", ""]
     L += ["**Machine noise.** Every figure below comes from "
-          + ("one run" if args.repeats == 1 else f"{args.repeats} runs (seeds {seeds})")
+          + ("one run" if args.repeats == 1 else f"{args.repeats} runs (seeds {seeds}"
+             + ("; the same data order and initial weights each time, so the ranges are the "
+                "timing's alone" if args.same_seed else "") + ")")
           + f" per row and setting on this machine ({socket.gethostname()}, {os.cpu_count()} "
           "CPU cores, shared with whatever else ran at the time). "
           + ("Cells give the median over the repeats and their min–max range; speedups are "
@@ -715,7 +717,7 @@ def write_outputs(args, text: str, *, jobs, tune_jobs, results, tuning, shaping,
                    "aggregations": [a.slug for a in args.aggregation_list],
                    "byclass_aggregations": [a.slug for a in args.byclass_aggregation_list],
                    "repeats": args.repeats,
-                   "seeds": [args.seed + i for i in range(args.repeats)],
+                   "seeds": repeat_seeds(args),
                    "scenarios": args.scenario_list, "policy": args.policy,
                    "target": args.target, "table1_target": args.table1_target,
                    "lr_grid": args.lr_grid, "tune_budget_s": args.tune_budget,
