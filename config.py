@@ -45,5 +45,6 @@ overlap = False           # --overlap: exchange round r while round r+1 computes
 comm_dtype = "float32"    # --comm-dtype: ESync's deltas on the wire (float16 halves the bytes)
 prox_mu = 0.0             # --prox-mu: FedProx's proximal coefficient for ESync's local steps
 scaffold = False          # --scaffold: SCAFFOLD's control variates for ESync's local steps
+accumulate = False        # --accumulate: ESync's local iterations sum gradients at the round's model
 low_rank = 0              # --low-rank: ESync's large deltas travel as PowerSGD factors of this rank (0: in full)
 epsilon = "auto"        # --epsilon: ESync slack: "auto" (scales with iteration time) or absolute seconds (the original: 0.5)

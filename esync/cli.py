@@ -231,6 +231,12 @@ def add_run_args(parser: argparse.ArgumentParser, *, one_worker: bool = True) ->
     e.add_argument("--scaffold", action=argparse.BooleanOptionalAction, default=config.scaffold,
                    help="SCAFFOLD's control variates correct each local step for the drift "
                         "between this device's data and everyone's (twice the traffic)")
+    e.add_argument("--accumulate", action=argparse.BooleanOptionalAction,
+                   default=config.accumulate,
+                   help="local iterations sum their gradients at the round's model instead of "
+                        "stepping (the delta is -ll x the sum): each round is one SGD step on "
+                        "every device's k_i batches, as load-balanced BSP sizes batches by "
+                        "speed; no local model drifts towards its own classes")
     e.add_argument("--low-rank", type=non_negative_int, default=config.low_rank,
                    help="PowerSGD: each large delta (a matrix of 4096+ numbers) travels as two "
                         "factors of this rank, in two small exchanges, with error feedback "
@@ -274,6 +280,9 @@ def check_esync_options(args) -> None:
         raise UsageError("--nesterov needs an --outer-momentum above 0 (DiLoCo uses 0.9); "
                          "for no outer momentum give --outer-momentum 0 --no-nesterov")
     check_low_rank(args)
+    conflict = accumulate_conflict(args) if getattr(args, "accumulate", False) else None
+    if conflict:
+        raise UsageError(f"argument --accumulate: {conflict} (or --no-accumulate)")
     if getattr(args, "comm_dtype", "float32") != "float32" and args.mode != "esync":
         raise UsageError(f"argument --comm-dtype: {args.comm_dtype} is the type of ESync's "
                          f"deltas; -m {args.mode} exchanges float32 gradients and weights: "
@@ -295,6 +304,20 @@ def low_rank_conflict(args) -> str | None:
         return "--scaffold's variates would still travel in full; give --no-scaffold"
     if getattr(args, "collective", "ps") != "ps":
         return "it runs over the parameter server; give --collective ps"
+    return None
+
+
+def accumulate_conflict(args) -> str | None:
+    """What in ``args`` excludes --accumulate (the local model stays at the round's start), as
+    the fix to give; None: nothing."""
+    if args.mode != "esync":
+        return f"-m {args.mode} has no local iterations to accumulate; use -m esync"
+    if getattr(args, "overlap", None):
+        return "--overlap goes on from the worker's own delta; give --no-overlap"
+    if getattr(args, "prox_mu", 0):
+        return "the model does not move within a round, so nothing pulls it back; give --prox-mu 0"
+    if getattr(args, "scaffold", None):
+        return "SCAFFOLD corrects local steps, and there are none; give --no-scaffold"
     return None
 
 

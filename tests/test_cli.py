@@ -284,3 +284,19 @@ def test_scaffold_with_the_sum_rule_warns_and_runs(capsys):
         cli.parse_args(["-m", "esync", "--scaffold", "--aggregation", rule])
     cli.parse_args(["-m", "esync", "--aggregation", "sum"])
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("flags,says", [
+    (["-m", "sync"], "-m esync"),
+    (["--overlap"], "--no-overlap"),
+    (["--prox-mu", "0.1"], "--prox-mu 0"),
+    (["--scaffold"], "--no-scaffold"),
+])
+def test_accumulate_refuses_what_it_cannot_run_with(flags, says):
+    from esync import cli
+    from esync.common.errors import UsageError
+    with pytest.raises(UsageError, match="--accumulate") as caught:
+        cli.parse_args(["--accumulate", *flags])
+    assert says in str(caught.value)
+    assert cli.parse_args(["--accumulate"]).accumulate is True
+    assert cli.parse_args([]).accumulate is False

@@ -91,6 +91,24 @@ def original_esync(reps, rounds, local_iters, local_lr, global_lr=1.0):
     return reps[0].values()
 
 
+def accumulated_esync(reps, rounds, local_iters, local_lr):
+    """--accumulate with the sum rule: each round, every worker's ``local_iters`` gradients at
+    the round's model, summed over workers and iterations, one step of ``local_lr``."""
+    for _ in range(rounds):
+        total = {n: mx.nd.zeros(p.shape) for n, p in reps[0].trainable.items()}
+        for r in reps:
+            for _ in range(local_iters):
+                r.backward()
+                for n, p in r.trainable.items():
+                    total[n] += p.grad()
+        for name, step in total.items():
+            updated = reps[0].trainable[name].data() - local_lr * step
+            for r in reps:
+                r.trainable[name].set_data(updated)
+        average_aux(reps)
+    return reps[0].values()
+
+
 def server_replay(data_dir, steps, lr, dc_lambda=0.0, batch=16):
     """One async worker against a server running MXNet's SGD (dc_lambda=0) or DC-ASGD update:
     w <- w - lr * (g + lambda * g * g * (w - w_prev)), w_prev the weight before the last update."""
@@ -151,6 +169,22 @@ def test_esync_with_one_local_step_and_unit_global_lr_equals_ssgd(tmp_path, smal
                 "--no-evaluator")
     assert_same_model(final_checkpoint(tmp_path / "lenet" / "esync"),
                       original_sync(replicas(small_data)))
+
+
+def test_accumulated_gradients_make_each_round_one_sgd_step_on_every_batch(tmp_path,
+                                                                            small_data):
+    """--accumulate, sum rule, 2 workers x 2 iterations a round: every round moves the model by
+    -ll x the four batches' gradients at the round's model; local steps (the same sum of
+    deltas, but each step from the last) give another model."""
+    run_cluster(tmp_path, small_data, "-m", "esync", "--local-iters", 2, "-gl", 1,
+                "--aggregation", "sum", *NO_OUTER_MOMENTUM, *ORIGINAL_ROUNDS, "--accumulate",
+                "--workers", 2, "--slowdown", "1", "-ll", LR, "-b", BATCH,
+                "--max-rounds", STEPS, "-e", 1, "--max-seconds", 0, "--seed", SEED,
+                "--no-evaluator")
+    got = final_checkpoint(tmp_path / "lenet" / "esync")
+    assert_same_model(got, accumulated_esync(replicas(small_data), STEPS, 2, LR))
+    stepped = original_esync(replicas(small_data), STEPS, 2, LR, global_lr=2.0)   # sum of 2
+    assert any(not np.allclose(got[n], stepped[n], rtol=1e-4, atol=1e-6) for n in TRAINABLE)
 
 
 def _dumps(folder, tag):

@@ -111,6 +111,7 @@ class Aggregation:
     scaffold: bool = False
     fp16: bool = False           # --comm-dtype float16
     low_rank: int = 0            # --low-rank R (PowerSGD factors; 0: deltas in full)
+    accumulate: bool = False     # --accumulate (local iterations sum gradients)
 
     @property
     def slug(self) -> str:
@@ -134,6 +135,8 @@ class Aggregation:
             parts.append("fp16")
         if self.low_rank:
             parts.append(f"lowrank{self.low_rank}")
+        if self.accumulate:
+            parts.append("accumulate")
         return "-".join(parts)
 
     @property
@@ -158,6 +161,8 @@ class Aggregation:
             text += ", float16 deltas"
         if self.low_rank:
             text += f", rank-{self.low_rank} deltas"
+        if self.accumulate:
+            text += ", gradients accumulated"
         return text
 
     @property
@@ -175,6 +180,7 @@ class Aggregation:
         parts += ["overlap"] * self.overlap + ([f"prox={self.prox_mu:g}"] if self.prox_mu else [])
         parts += ["scaffold"] * self.scaffold + ["fp16"] * self.fp16
         parts += [f"lowrank={self.low_rank}"] if self.low_rank else []
+        parts += ["accumulate"] * self.accumulate
         return "+".join(parts)
 
     def argv(self) -> list[str]:
@@ -186,7 +192,8 @@ class Aggregation:
                 "--overlap" if self.overlap else "--no-overlap", "--prox-mu", f"{self.prox_mu:g}",
                 "--scaffold" if self.scaffold else "--no-scaffold",
                 "--comm-dtype", "float16" if self.fp16 else "float32",
-                "--low-rank", str(self.low_rank)]
+                "--low-rank", str(self.low_rank),
+                "--accumulate" if self.accumulate else "--no-accumulate"]
         if self.comm_share is not None:
             argv += ["--comm-share", f"{self.comm_share:g}"]
         if self.max_round is not None:
@@ -214,7 +221,7 @@ def parse_aggregations(text: str, flag: str = "--aggregations") -> list[Aggregat
                              f"{DEFAULT_AGGREGATIONS!r}")
         fields = {"rule": rule}
         for extra in extras:
-            if extra.strip() in ("overlap", "scaffold", "fp16"):
+            if extra.strip() in ("overlap", "scaffold", "fp16", "accumulate"):
                 fields[extra.strip()] = True
                 continue
             match = _PART.fullmatch(extra.strip())
@@ -225,8 +232,8 @@ def parse_aggregations(text: str, flag: str = "--aggregations") -> list[Aggregat
                     or (match.group(1) == "lowrank" and (value < 1 or value != int(value))):
                 raise UsageError(f"argument {flag}: {extra!r} in {item!r} is not "
                                  "nesterov=M, momentum=M, gl=G, share=S (0 < S <= 1), "
-                                 "round=T (seconds), prox=MU, lowrank=R, overlap, scaffold or "
-                                 "fp16, with numbers M, MU >= 0, G, T > 0 and a whole R >= 1")
+                                 "round=T (seconds), prox=MU, lowrank=R, overlap, scaffold, "
+                                 "fp16 or accumulate, with numbers M, MU >= 0, G, T > 0 and a whole R >= 1")
             if match.group(1) == "gl":
                 fields["global_lr"] = value
             elif match.group(1) == "share":
@@ -330,7 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--aggregations", default=DEFAULT_AGGREGATIONS,
                    help="ESync rows, one per item: RULE[+nesterov=M|+momentum=M][+gl=G]"
                         "[+share=S][+round=T (rounds of at most T s)]"
-                        "[+overlap][+prox=MU][+scaffold][+fp16 (float16 deltas)]"
+                        "[+overlap][+prox=MU][+scaffold][+fp16 (float16 deltas)][+accumulate]"
                         "[+lowrank=R (PowerSGD factors of rank R)] with "
                         "RULE one of " + ", ".join(AGGREGATION_RULES))
     r.add_argument("--byclass-aggregations", default=DEFAULT_BYCLASS_AGGREGATIONS,

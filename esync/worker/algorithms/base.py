@@ -55,6 +55,7 @@ class AlgorithmConfig:
     prox_mu: float = 0.0                  # --prox-mu: FedProx's proximal coefficient (0: none)
     scaffold: bool = False                # --scaffold: SCAFFOLD's control variates
     low_rank: int = 0                     # --low-rank: PowerSGD rank of the deltas (0: full)
+    accumulate: bool = False              # --accumulate: local iterations sum gradients
     batch_size: int = 64                  # -b: samples per local step
     max_rounds: int = 0                   # --max-rounds: the last round (0: no such bound)
     state_url: str = "http://127.0.0.1:10010"
@@ -75,6 +76,7 @@ class AlgorithmConfig:
                    prox_mu=getattr(args, "prox_mu", 0.0) or 0.0,
                    scaffold=bool(getattr(args, "scaffold", False)),
                    low_rank=getattr(args, "low_rank", 0) or 0,
+                   accumulate=bool(getattr(args, "accumulate", False)),
                    batch_size=getattr(args, "batch_size", cls.batch_size),
                    max_rounds=getattr(args, "max_rounds", 0) or 0,
                    state_url=f"http://{args.state_server_ip}:{args.state_server_port}",

@@ -34,6 +34,12 @@ local step descends ``g + c - c_i`` (``c`` the workers' mean variate, the same o
 round's start, ``y_i`` the local model: the round's mean raw gradient), and the changes of
 ``c_i`` travel with the deltas through keys of their own: twice the traffic of a round.
 
+``--accumulate``: the local iterations sum their gradients at the round's model, which stays put;
+the delta is ``-ll`` times that sum. A round is then one SGD step on all the batches every device
+computed in it, sized by speed as load-balanced BSP does (Chen et al., "Semi-dynamic load
+balancing", SoCC 2020): no local model drifts towards the classes of its shard, at one model
+update per round.
+
 ``--comm-dtype float16``: the deltas travel as half floats on keys of their own (half the bytes;
 the global model and the outer step stay float32).
 
@@ -152,6 +158,8 @@ class ESync(Algorithm):
                             else self.start)
         wire = self.config.comm_dtype
         self.delta_sum = [nd.zeros(x.shape, ctx=x.context, dtype=wire) for x in self.weights]
+        self.gradient_sum = ([nd.zeros(x.shape, ctx=x.context) for x in self.weights]
+                             if self.config.accumulate else None)
         n, extra = len(self.weights), w.keys.extra
         self.delta_keys = extra[:n] if self._narrow_wire else w.keys.trainable
         first_variate = n if self._narrow_wire else 0
@@ -196,6 +204,10 @@ class ESync(Algorithm):
 
     def local_step(self, record) -> None:
         with record.phase("local update"):
+            if self.gradient_sum is not None:       # --accumulate: the model stays put
+                for total, p in zip(self.gradient_sum, self.worker.trainable):
+                    nd.elemwise_add(total, p.grad(), out=total)
+                return
             if self.variate is not None:
                 for p, correction in zip(self.worker.trainable, self.correction):
                     p.grad()[:] += correction
@@ -257,7 +269,12 @@ class ESync(Algorithm):
     def _round_deltas(self) -> list:
         """This round's delta: the local model minus the point the round started from."""
         w = self.worker
-        deltas = [x - s for x, s in zip(self.weights, self.round_start)]
+        if self.gradient_sum is not None:           # --accumulate: -ll x the gradients' sum
+            deltas = [total * -self.config.local_lr for total in self.gradient_sum]
+            for total in self.gradient_sum:
+                total[:] = 0
+        else:
+            deltas = [x - s for x, s in zip(self.weights, self.round_start)]
         self.dump("esync", w.round_no, delta=deltas, k=w.round_k)
         return deltas
 
