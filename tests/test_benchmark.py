@@ -339,7 +339,7 @@ def test_defaults(data_dir, tmp_path, full_launcher):
     assert [a.slug for a in args.aggregation_list] == [
         "weighted-nesterov0.9-gl0.7-share1", "weighted-nesterov0.9-gl0.7-share1-lowrank32",
         "mean"]
-    assert [a.slug for a in args.byclass_aggregation_list] == ["sum-share1", "mean-share1"]
+    assert [a.slug for a in args.byclass_aggregation_list] == ["sum-share1", "sum-share1-accumulate"]
     assert (args.scenario_list, args.emulation, args.cpu_share) == (
         ["static", "shifting"], "auto", None)
     assert plan.sync_cap(args) == 100.0

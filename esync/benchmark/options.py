@@ -32,9 +32,11 @@ SCENARIOS = ("static", "shifting")
 DEFAULT_AGGREGATIONS = ("weighted+nesterov=0.9+gl=0.7+share=1,"
                         "weighted+nesterov=0.9+gl=0.7+share=1+lowrank=32,mean")
 # ESync rows of the by-class splits: the launcher's rule for -s 1 (sum, no outer momentum,
-# rounds of one slowest iteration, no overlap: docs/benchmark-byclass-sum) and the original's
-# mean. The i.i.d. rows' outer Nesterov momentum ends at chance on -s 1.
-DEFAULT_BYCLASS_AGGREGATIONS = "sum+share=1,mean+share=1"
+# rounds of one slowest iteration, no overlap: docs/benchmark-byclass-sum), and the same with
+# the local iterations' gradients accumulated at the round's model (--accumulate; the original's
+# mean ended below sum in every earlier report: docs/benchmark-accumulate-s1). The i.i.d. rows'
+# outer Nesterov momentum ends at chance on -s 1.
+DEFAULT_BYCLASS_AGGREGATIONS = "sum+share=1,sum+share=1+accumulate"
 # -l/-ll are lr x the gradient SUMMED over the batch (the original's meaning): 0.05 on the batch
 # mean at -b 64 is 0.00078 summed. Three values a factor ~3.3 apart around it.
 DEFAULT_LR_GRID = "0.0003,0.001,0.003"
