@@ -325,6 +325,32 @@ def test_aggregation_defaults_follow_the_data_split_and_yield_to_the_user(
 
 
 @pytest.mark.parametrize("extra, want", [
+    ([], ("--no-accumulate", 0.00078125)),
+    (["-s", "1"], ("--accumulate", 9.5e-05)),
+    (["-s", "2"], ("--no-accumulate", 0.00078125)),
+    (["-s", "1", "-ll", "0.001"], ("--accumulate", 0.001)),
+    (["-s", "1", "--no-accumulate"], ("--no-accumulate", 9.5e-05)),
+    (["-s", "1", "--prox-mu", "0.1"], ("--no-accumulate", 9.5e-05)),
+    (["-s", "1", "-m", "sync"], ("--no-accumulate", 9.5e-05)),
+    (["--accumulate"], ("--accumulate", 0.00078125)),
+], ids=["iid", "by-class", "shuffled", "user-rate", "user-off", "prox", "sync", "user-on"])
+def test_by_class_order_accumulates_gradients_at_its_own_rate_by_default(
+        tmp_path, fashion_data_dir, extra, want):
+    """-s 1: ESync sums its local iterations' gradients at the round's model, at -ll 9.5e-05;
+    a flag that needs local steps (--prox-mu, --scaffold, --overlap), another mode or the
+    user's own choice turns it off; a -ll given wins."""
+    from esync.launch.flags import parse
+    parser = build_parser()
+    args = parse(parser, ["-ld", str(tmp_path), "-dd", str(fashion_data_dir), "--workers", "2",
+                          *extra])
+    argv = next(s for s in LocalCluster(args, parser).plan() if s.kind == "worker").argv
+    got = ("--accumulate" if "--accumulate" in argv else "--no-accumulate",
+           float(argv[argv.index("--local-lr") + 1]))
+    assert got == want
+    assert ("--accumulate" in argv) != ("--no-accumulate" in argv)
+
+
+@pytest.mark.parametrize("extra, want", [
     ([], (1.0, False, 0)),
     (["--net", "netns"], (1.0, False, 0)),
     (["--net", "netns", "--bandwidth", "50mbit"], (1.0, False, 32)),

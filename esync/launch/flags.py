@@ -28,11 +28,11 @@ CLUSTER_LR = 0.05 / 64
 # Rounds last one slowest iteration (the original's) or, on i.i.d. data over links that cost, are
 # stretched so that the exchange takes at most 10% of a round, up to 5 s (COMM_SHARE_*, below;
 # docs/ALGORITHM.md, "Rounds sized by compute and transfer").
-CLUSTER_DEFAULTS = dict(network="lenet", cpu=1, learning_rate=CLUSTER_LR, local_lr=CLUSTER_LR,
+CLUSTER_DEFAULTS = dict(network="lenet", cpu=1, learning_rate=CLUSTER_LR, local_lr=None,
                         eval_duration=10, max_seconds=90.0, mode="esync",
                         aggregation=None, outer_momentum=None, nesterov=None, global_lr=None,
                         comm_share=None, max_round_seconds=5.0, overlap=None, comm_dtype=None,
-                        low_rank=None)
+                        low_rank=None, accumulate=None)
 # ESync's aggregation by data split, each the best ESync row of a repeated benchmark:
 # - i.i.d. (docs/benchmark/report.md): deltas weighted by k_i, DiLoCo's outer Nesterov momentum
 #   0.9 and outer learning rate 0.7;
@@ -46,10 +46,17 @@ CLUSTER_DEFAULTS = dict(network="lenet", cpu=1, learning_rate=CLUSTER_LR, local_
 #   against 0.781 (0.714-0.783), the best checkpoint higher in every repeat. On -s 1 the same
 #   momentum ended lower (docs/benchmark-byclass-s1-momentum: 0.364 against 0.460), so -s 1
 #   keeps none.
+# - -s 1 also accumulates its local iterations' gradients at the round's model (--accumulate),
+#   with -ll 9.5e-05 (the rate every tuning chose for it): docs/benchmark-accumulate-s1 and the
+#   default benchmark of 2026-11-25, night (docs/benchmark), where it ended well above plain sum.
+#   -ll elsewhere: CLUSTER_LR.
 AGGREGATION_BY_SPLIT = {
-    0: dict(aggregation="weighted", outer_momentum=0.9, nesterov=True, global_lr=0.7),
-    1: dict(aggregation="sum", outer_momentum=0.0, nesterov=False, global_lr=1.0),
-    2: dict(aggregation="sum", outer_momentum=0.5, nesterov=False, global_lr=1.0),
+    0: dict(aggregation="weighted", outer_momentum=0.9, nesterov=True, global_lr=0.7,
+            accumulate=False, local_lr=CLUSTER_LR),
+    1: dict(aggregation="sum", outer_momentum=0.0, nesterov=False, global_lr=1.0,
+            accumulate=True, local_lr=9.5e-05),
+    2: dict(aggregation="sum", outer_momentum=0.5, nesterov=False, global_lr=1.0,
+            accumulate=False, local_lr=CLUSTER_LR),
 }
 # --comm-share and --overlap by data split and link. By-class shards (-s 1, -s 2) keep rounds of
 # one slowest iteration and no overlap, since every extra local step on one device's classes is
@@ -126,12 +133,14 @@ def build_parser() -> argparse.ArgumentParser:
     cli.add_run_args(parser, one_worker=False)
     parser.set_defaults(**CLUSTER_DEFAULTS)
     for flag, dest in (("--aggregation", "aggregation"), ("--outer-momentum", "outer_momentum"),
-                       ("-gl", "global_lr")):
+                       ("-gl", "global_lr"), ("-ll", "local_lr")):
         action = parser._option_string_actions[flag]
         action.help += " (default by data split: " + ", ".join(
             f"-s {split}: {values[dest]:g}" if isinstance(values[dest], float)
             else f"-s {split}: {values[dest]}" for split, values in AGGREGATION_BY_SPLIT.items()
         ) + ")"
+    parser._option_string_actions["--accumulate"].help += (
+        " (default: on for -m esync on -s 1, off otherwise)")
     parser._option_string_actions["--nesterov"].help += (
         " (default: on with the outer momentum of -s 0, off on by-class data)")
     parser._option_string_actions["--comm-share"].help = (
@@ -309,11 +318,13 @@ def _aggregation_for_split(args) -> None:
     """Fill what the user left out of ESync's aggregation with the data split's defaults; a
     momentum given without --nesterov keeps Nesterov only when the split's default has it."""
     defaults = AGGREGATION_BY_SPLIT[args.split_by_class]
-    for dest in ("aggregation", "outer_momentum", "global_lr"):
+    for dest in ("aggregation", "outer_momentum", "global_lr", "local_lr"):
         if getattr(args, dest) is None:
             setattr(args, dest, defaults[dest])
     if args.nesterov is None:
         args.nesterov = bool(defaults["nesterov"] and args.outer_momentum)
+    if args.accumulate is None:         # not where a flag given needs local steps
+        args.accumulate = defaults["accumulate"] and cli.accumulate_conflict(args) is None
 
 
 def _per_worker_local_iters(values: tuple[int, ...], workers: int) -> tuple[int, ...]:
