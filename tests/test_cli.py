@@ -286,17 +286,24 @@ def test_scaffold_with_the_sum_rule_warns_and_runs(capsys):
     assert capsys.readouterr().err == ""
 
 
-@pytest.mark.parametrize("flags,says", [
-    (["-m", "sync"], "-m esync"),
-    (["--overlap"], "--no-overlap"),
-    (["--prox-mu", "0.1"], "--prox-mu 0"),
-    (["--scaffold"], "--no-scaffold"),
+
+@pytest.mark.parametrize("option,flags,says", [
+    ("--low-rank", ["-m", "sync"], "-m esync"),
+    ("--low-rank", ["--overlap"], "--no-overlap"),
+    ("--low-rank", ["--comm-dtype", "float16"], "--comm-dtype float32"),
+    ("--low-rank", ["--scaffold"], "--no-scaffold"),
+    ("--accumulate", ["-m", "sync"], "-m esync"),
+    ("--accumulate", ["--overlap"], "--no-overlap"),
+    ("--accumulate", ["--prox-mu", "0.1"], "--prox-mu 0"),
+    ("--accumulate", ["--scaffold"], "--no-scaffold"),
 ])
-def test_accumulate_refuses_what_it_cannot_run_with(flags, says):
-    from esync import cli
+def test_esync_options_refuse_what_they_cannot_run_with(option, flags, says):
+    """--low-rank and --accumulate: a conflicting flag is one error naming the fix."""
     from esync.common.errors import UsageError
-    with pytest.raises(UsageError, match="--accumulate") as caught:
-        cli.parse_args(["--accumulate", *flags])
+    given = {"--low-rank": ["--low-rank", "4"], "--accumulate": ["--accumulate"]}[option]
+    with pytest.raises(UsageError, match=option) as caught:
+        cli.parse_args([*given, *flags])
     assert says in str(caught.value)
+    assert cli.parse_args(["--low-rank", "4"]).low_rank == 4
     assert cli.parse_args(["--accumulate"]).accumulate is True
     assert cli.parse_args([]).accumulate is False

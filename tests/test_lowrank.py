@@ -125,18 +125,3 @@ def test_the_workers_mxnet_side_computes_the_reference_rule():
             # every worker holds the same approximate sum, bit for bit
             assert np.array_equal(sums[0][i].asnumpy(), sums[1][i].asnumpy())
         assert np.array_equal(sums[0][1].asnumpy(), total[1].asnumpy())   # in full
-
-
-@pytest.mark.parametrize("flags,says", [
-    (["-m", "sync"], "-m esync"),
-    (["--overlap"], "--no-overlap"),
-    (["--comm-dtype", "float16"], "--comm-dtype float32"),
-    (["--scaffold"], "--no-scaffold"),
-])
-def test_low_rank_refuses_what_it_cannot_run_with(flags, says):
-    from esync import cli
-    from esync.common.errors import UsageError
-    with pytest.raises(UsageError, match="--low-rank") as caught:
-        cli.parse_args(["--low-rank", "4", *flags])
-    assert says in str(caught.value)
-    assert cli.parse_args(["--low-rank", "4"]).low_rank == 4
