@@ -346,8 +346,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "RULE one of " + ", ".join(AGGREGATION_RULES))
     r.add_argument("--byclass-aggregations", default=DEFAULT_BYCLASS_AGGREGATIONS,
                    help="ESync rows of the by-class data splits, as --aggregations (default: "
-                        "the launcher's -s 1 rule, sum without outer momentum, and the "
-                        "original's mean, both with rounds of one slowest iteration)")
+                        "sum without outer momentum, with local steps and with the gradients "
+                        "accumulated (the launcher's -s 1 rule), both with rounds of one "
+                        "slowest iteration)")
     r.add_argument("--collectives", default="ps",
                    help="comma-separated: ps (the parameter server) and allreduce (Horovod's "
                         "ring; ESync and SSGD rows only, tuned with their ps rows' rate): "
