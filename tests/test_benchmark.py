@@ -337,9 +337,9 @@ def test_defaults(data_dir, tmp_path, full_launcher):
     assert (args.lr_grid, args.repeats, args.budget, args.tune_budget) == (
         [0.0003, 0.001, 0.003], 3, 40.0, 10.0)
     assert [a.slug for a in args.aggregation_list] == [
-        "weighted-nesterov0.9-gl0.7-share1", "weighted-nesterov0.9-gl0.7-share1-lowrank32",
-        "mean"]
-    assert [a.slug for a in args.byclass_aggregation_list] == ["sum-share1", "sum-share1-accumulate"]
+        "weighted-nesterov0.9-gl0.7-share1", "weighted-nesterov0.9-gl0.7-share1-lowrank32"]
+    assert [a.slug for a in args.byclass_aggregation_list] == ["sum-share1-accumulate"]
+    assert args.byclass_budget == 120.0
     assert (args.scenario_list, args.emulation, args.cpu_share) == (
         ["static", "shifting"], "auto", None)
     assert plan.sync_cap(args) == 100.0
@@ -414,12 +414,12 @@ def test_standalone_and_by_class_rows_run_in_the_first_setting_only(data_dir, tm
     assert rep1 == [("loopback", "sync"), ("loopback", "local"), ("loopback", "sync-niid"),
                     ("netns", "sync")]
     assert len(jobs) == 8
-    # by-class rows train for --byclass-budget, by default 1.25 x --budget
+    # by-class rows train for --byclass-budget, by default 3 x --budget
     budgets = {(j.name, j.setting.name): j.budget for j in jobs if j.rep == 1}
-    assert budgets[("sync-niid", "loopback")] == 1.25 * args.budget
+    assert budgets[("sync-niid", "loopback")] == 3 * args.budget
     assert budgets[("local", "loopback")] == args.budget
     niid = next(j for j in jobs if j.name == "sync-niid")
-    assert niid.argv[niid.argv.index("--max-seconds") + 1] == repr(1.25 * args.budget)
+    assert niid.argv[niid.argv.index("--max-seconds") + 1] == repr(3 * args.budget)
     args = args_for(data_dir, tmp_path, "--modes", "sync", "--byclass-budget", "70",
                     "--byclass-tune-budget", "25", "--repeats", "1", "--scenarios", "static",
                     "--sync-cap-seconds", "40")
@@ -876,6 +876,36 @@ def test_aggregates_leave_failed_repeats_out():
     row = stats.aggregate(per_rep, horizon=60)["sync"]
     assert (row["runs"], row["ok"], row["time"].median, row["accuracy"].median) == (
         3, 2, 32.0, 0.8)
+
+
+def test_late_accuracy_is_the_mean_of_the_second_half_of_the_checkpoints():
+    assert metrics.late_mean(([4, 8, 12, 16], [0.1, 0.2, 0.5, 0.8])) == pytest.approx(0.5)
+    assert metrics.late_mean(([3], [0.4])) == 0.4
+    assert metrics.late_mean(None) is None and metrics.late_mean(([], [])) is None
+
+
+def test_by_class_section_bolds_the_best_final_and_second_half_medians(data_dir, tmp_path,
+                                                                       full_launcher):
+    args = args_for(data_dir, tmp_path, "--modes", "esync,async", "--net", "loopback",
+                    "--scenarios", "static", "--data", "by-class")
+    def reps(finals, lates):
+        return [{"time_to_target": None, "final_accuracy": f, "late_accuracy": late}
+                for f, late in zip(finals, lates)]
+    # ESync ends highest in the median; ASGD's second half is higher in the median
+    per_rep = {"esync-sum-share1-accumulate-niid": reps([0.59, 0.57, 0.61], [0.50, 0.53, 0.58]),
+               "async-niid": reps([0.48, 0.55, 0.50], [0.54, 0.55, 0.50]),
+               "async": reps([0.9] * 3, [0.9] * 3)}
+    results = {"loopback": {"rows": stats.aggregate(per_rep, horizon=120)}}
+    text = "\n".join(report.by_class_section(args, results, plan.settings(args, RATES),
+                                               list(per_rep), {"async-niid": "ASGD"}))
+    assert "120 s of training per run" in text
+    assert section_row(text, "## By-class data", "esync-sum-share1-accumulate-niid")[1:] == [
+        "**0.590 (0.570–0.610)**", "0.530 (0.500–0.580)"]
+    assert section_row(text, "## By-class data", "async-niid") == [
+        "ASGD (`async-niid`)", "0.500 (0.480–0.550)", "**0.540 (0.500–0.550)**"]
+    assert "(`async`)" not in text                  # i.i.d. rows have their own tables
+    results["loopback"]["rows"] = stats.aggregate({"async": per_rep["async"]}, horizon=40)
+    assert report.by_class_section(args, results, plan.settings(args, RATES), ["async"], {}) == []
 
 
 def test_table1_bounds_the_speedup_when_ssgd_misses_the_target_within_its_cap():

@@ -223,6 +223,44 @@ def side_by_side(args, results: dict, settings: list[Setting], names: list[str],
     return L
 
 
+def by_class_section(args, results: dict, settings: list[Setting], names: list[str],
+                     labels: dict) -> list[str]:
+    """By-class rows' accuracy as a whole run shows it: on class-ordered data one checkpoint
+    moves by ±0.1 between the next, so beside the final one the mean over the run's second
+    half, and which row is ahead by each."""
+    static = _static(settings)
+    split_rows = [n for n in names if stats.row_split(n).value != 0]
+    if not static or not split_rows:
+        return []
+    rows = results[static[0].name]["rows"]
+    L = ["## By-class data", "",
+         f"{static[0].name}, {args.byclass_budget:g} s of training per run. Final: the last "
+         "scored checkpoint; second half: the mean test accuracy of the checkpoints from half "
+         "the run on (a checkpoint on by-class data moves by up to ±0.1 with where each device "
+         "stands in its class order). Median over the repeats (min–max); **bold**: the highest "
+         "median of the data split.", "",
+         "| Row | final accuracy | mean accuracy, second half |", "| --- | ---: | ---: |"]
+    best = {}
+    for key in ("accuracy", "late_accuracy"):
+        for n in split_rows:
+            agg, split = rows.get(n), stats.row_split(n).value
+            median = agg.get(key).median if agg and agg.get("ok") and agg.get(key) else None
+            if median is not None and median > best.get((key, split), (-1, None))[0]:
+                best[(key, split)] = (median, n)
+    for n in split_rows:
+        agg = rows.get(n)
+        if agg is None or not agg.get("ok"):
+            L.append(f"| {row_label(n, labels)} | — | — |")
+            continue
+        cells = []
+        for key in ("accuracy", "late_accuracy"):
+            cell = value_cell(agg.get(key), ".3f")
+            top = best.get((key, stats.row_split(n).value))
+            cells.append(f"**{cell}**" if top and top[1] == n else cell)
+        L.append(f"| {row_label(n, labels)} | " + " | ".join(cells) + " |")
+    return L + [""]
+
+
 ALLREDUCE_SUFFIX = "-allreduce"
 
 
@@ -573,6 +611,7 @@ def render(args, *, jobs: list[Job], tune_jobs: list[Job], results: dict,
     L += tuning_section(args, tuning, names, labels)
     L += table1_section(args, results, settings, labels)
     L += side_by_side(args, results, settings, names, labels)
+    L += by_class_section(args, results, settings, names, labels)
     L += collective_section(args, results, settings, labels)
     for s in settings:
         if s.scenario == SHIFTING:
@@ -629,6 +668,7 @@ TABLE_COLUMNS = ("setting", "row", "label", "runs", "ok", "reached", "time_media
                  "speedup_vs_sync_overlap", "best_other", "speedup_vs_best_other",
                  "speedup_vs_best_other_bound", "speedup_vs_best_other_overlap",
                  "final_accuracy_median", "final_accuracy_min", "final_accuracy_max",
+                 "late_accuracy_median", "late_accuracy_min", "late_accuracy_max",
                  "throughput_median", "computing_time_ratio_median",
                  "traffic_bytes_per_s_median")
 
@@ -648,6 +688,11 @@ def table_rows(results: dict, labels: dict) -> list[dict]:
                            throughput_median=agg["throughput"],
                            computing_time_ratio_median=agg["computing_time_ratio"],
                            traffic_bytes_per_s_median=agg["traffic_bytes_per_s"])
+                late = agg.get("late_accuracy")
+                if late is not None:
+                    late = late.to_json()
+                    row.update(late_accuracy_median=late["median"], late_accuracy_min=late["min"],
+                               late_accuracy_max=late["max"])
                 for key, col in (("vs_sync", "speedup_vs_sync"),
                                  ("vs_best_other", "speedup_vs_best_other")):
                     s = agg[key]

@@ -186,6 +186,7 @@ def aggregate(per_rep: dict[str, list[dict | None]], *,
             entry.update(
                 time=times[name],
                 accuracy=spread([m.get("final_accuracy") for m in ms]),
+                late_accuracy=spread([m.get("late_accuracy") for m in ms]),
                 throughput=median([m.get("throughput") for m in ms]),
                 throughput_fraction=median([m.get("throughput_fraction") for m in ms]),
                 computing_time_ratio=median([m.get("mean_computing_time_ratio") for m in ms]),
