@@ -48,8 +48,9 @@ CLUSTER_DEFAULTS = dict(network="lenet", cpu=1, learning_rate=CLUSTER_LR, local_
 #   keeps none.
 # - -s 1 also accumulates its local iterations' gradients at the round's model (--accumulate),
 #   with -ll 9.5e-05 (the rate every tuning chose for it): docs/benchmark-accumulate-s1 and the
-#   default benchmark of 2026-11-25, night (docs/benchmark), where it ended well above plain sum.
-#   -ll elsewhere: CLUSTER_LR.
+#   default benchmark of 2026-11-25, night (docs/benchmark), where it ended well above plain sum;
+#   over 120 s (docs/benchmark-byclass-s1-120s and -seeds456, 3 repeats each) it ends above ASGD
+#   and DC-ASGD (0.590 and 0.595 against at most 0.557). -ll elsewhere: CLUSTER_LR.
 AGGREGATION_BY_SPLIT = {
     0: dict(aggregation="weighted", outer_momentum=0.9, nesterov=True, global_lr=0.7,
             accumulate=False, local_lr=CLUSTER_LR),
