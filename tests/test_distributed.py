@@ -387,8 +387,10 @@ def test_async_server_applies_its_optimizer_to_each_push(tmp_path, small_data, m
                    for n in got) > 10
 
 
-DC_STEPS, DC_LAMBDA = 10, 2.0     # lambda large enough for a visible compensation, small enough
-                                   # not to diverge in 10 steps
+# lambda large enough for a visible compensation (0.2-1.0 of the gradient at the stalest step,
+# 5 runs); the rate half ASYNC_LR's: at 0.02 one interleaving of the two workers' 10 steps
+# diverged (pushes of 1e13 by step 8, a fresh-clone run); at 0.01 pushes stay below 25.
+DC_STEPS, DC_LAMBDA, DC_LR = 10, 2.0, 0.01
 
 
 def test_dcasgd_two_workers_push_the_published_compensation(tmp_path, small_data):
@@ -401,7 +403,7 @@ def test_dcasgd_two_workers_push_the_published_compensation(tmp_path, small_data
     dumps = tmp_path / "dumps"
     run_cluster(tmp_path, small_data, "-m", "async", "-dcasgd", 1, "--dcasgd-lambda", DC_LAMBDA,
                 "--workers", 2,
-                "--slowdown", "1,2", "-l", ASYNC_LR, "-b", 16, "--max-rounds", DC_STEPS,
+                "--slowdown", "1,2", "-l", DC_LR, "-b", 16, "--max-rounds", DC_STEPS,
                 "-e", DC_STEPS, "--max-seconds", 0, "--seed", SEED, "--no-evaluator",
                 env={"ESYNC_DUMP_PUSHES": str(dumps)})
     pushed = _dumps(dumps, "dcasgd")
@@ -428,7 +430,7 @@ def test_dcasgd_two_workers_push_the_published_compensation(tmp_path, small_data
             assert _rel_error(d["pushed"], want) < 1e-4, (rank, t)
             if (rank, t + 1) in pushed:       # no push landed between pull and push: SGD seen
                 after = _listed(pushed[rank, t + 1], "w_bak")
-                own = [now - ASYNC_LR * c for now, c in zip(d["w_now"], d["pushed"])]
+                own = [now - DC_LR * c for now, c in zip(d["w_now"], d["pushed"])]
                 plain_sgd_steps += _rel_error(after, own) < 1e-5
             if _rel_error(d["w_now"], d["w_bak"]) > 1e-6:
                 stale += 1
