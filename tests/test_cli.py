@@ -286,7 +286,6 @@ def test_scaffold_with_the_sum_rule_warns_and_runs(capsys):
     assert capsys.readouterr().err == ""
 
 
-
 @pytest.mark.parametrize("option,flags,says", [
     ("--low-rank", ["-m", "sync"], "-m esync"),
     ("--low-rank", ["--overlap"], "--no-overlap"),

@@ -77,8 +77,10 @@ def late_mean(series: tuple[list, list] | None) -> float | None:
     stand in their class order, so the last one alone says little about a row."""
     if not series or not series[0]:
         return None
-    half = series[0][-1] / 2
+    half = max(series[0]) / 2
     late = [a for t, a in zip(*series) if t >= half]
+    if any(a is None or math.isnan(a) for a in late):
+        return math.nan                           # a run that diverged
     return sum(late) / len(late)
 
 
@@ -206,15 +208,8 @@ def tuning_score(job: Job) -> float:
     """
     if not job.ok:
         return -math.inf
-    series = accuracy_series(job.summary)
-    if series is None or not series[0]:
-        return -math.inf
-    pairs = sorted(zip(series[0], series[1]))
-    half = pairs[-1][0] / 2
-    late = [a for t, a in pairs if t >= half]
-    if any(a is None or math.isnan(a) for a in late):
-        return -math.inf
-    return sum(late) / len(late)
+    late = late_mean(accuracy_until(job.summary, None))
+    return -math.inf if late is None or math.isnan(late) else late
 
 
 TUNING_TOLERANCE = 0.01   # a short run's score moves about this much between seeds

@@ -226,13 +226,27 @@ def side_by_side(args, results: dict, settings: list[Setting], names: list[str],
 def by_class_section(args, results: dict, settings: list[Setting], names: list[str],
                      labels: dict) -> list[str]:
     """By-class rows' accuracy as a whole run shows it: on class-ordered data one checkpoint
-    moves by ±0.1 between the next, so beside the final one the mean over the run's second
+    can differ from the next by 0.1, so beside the final one the mean over the run's second
     half, and which row is ahead by each."""
     static = _static(settings)
     split_rows = [n for n in names if stats.row_split(n).value != 0]
     if not static or not split_rows:
         return []
     rows = results[static[0].name]["rows"]
+    keys = ("accuracy", "late_accuracy")
+
+    def median(name, key):
+        agg = rows.get(name)
+        spread = agg.get(key) if agg and agg.get("ok") else None
+        return spread.median if spread is not None and spread.values else None
+
+    best = {}                                  # (key, split) -> the row with the top median
+    for key in keys:
+        for split in {stats.row_split(n).value for n in split_rows}:
+            ranked = [(median(n, key), n) for n in split_rows
+                      if stats.row_split(n).value == split and median(n, key) is not None]
+            if ranked:
+                best[(key, split)] = max(ranked, key=lambda pair: pair[0])[1]
     L = ["## By-class data", "",
          f"{static[0].name}, {args.byclass_budget:g} s of training per run. Final: the last "
          "scored checkpoint; second half: the mean test accuracy of the checkpoints from half "
@@ -240,23 +254,14 @@ def by_class_section(args, results: dict, settings: list[Setting], names: list[s
          "stands in its class order). Median over the repeats (min–max); **bold**: the highest "
          "median of the data split.", "",
          "| Row | final accuracy | mean accuracy, second half |", "| --- | ---: | ---: |"]
-    best = {}
-    for key in ("accuracy", "late_accuracy"):
-        for n in split_rows:
-            agg, split = rows.get(n), stats.row_split(n).value
-            median = agg.get(key).median if agg and agg.get("ok") and agg.get(key) else None
-            if median is not None and median > best.get((key, split), (-1, None))[0]:
-                best[(key, split)] = (median, n)
     for n in split_rows:
         agg = rows.get(n)
         if agg is None or not agg.get("ok"):
             L.append(f"| {row_label(n, labels)} | — | — |")
             continue
-        cells = []
-        for key in ("accuracy", "late_accuracy"):
-            cell = value_cell(agg.get(key), ".3f")
-            top = best.get((key, stats.row_split(n).value))
-            cells.append(f"**{cell}**" if top and top[1] == n else cell)
+        cells = [value_cell(agg.get(key), ".3f") for key in keys]
+        cells = [f"**{c}**" if best.get((key, stats.row_split(n).value)) == n else c
+                 for key, c in zip(keys, cells)]
         L.append(f"| {row_label(n, labels)} | " + " | ".join(cells) + " |")
     return L + [""]
 
