@@ -33,7 +33,7 @@ SHIFT_MODES = ("esync", "sync", "async")
 SHIFT_POLICIES = ("dynamic", "planned")
 
 # Seconds a run takes beyond its budget (start-up, the evaluator's catch-up, the summary), as
-# measured in the last full benchmark (docs/benchmark/report.md, 2026-11-25 afternoon: 2 cores,
+# measured in the last full benchmark (docs/benchmark-2026-11-25-afternoon/report.md: 2 cores,
 # CPU caps; the means of its runs' seconds minus their budgets). A standalone run also scores the
 # test set inline every -e iterations, which its training-time budget leaves out: 6.7 s over a
 # 10 s budget, 19.0 s over 40 s, i.e. 3 s plus 0.4 of the budget.
