@@ -243,10 +243,10 @@ def by_class_section(args, results: dict, settings: list[Setting], names: list[s
     best = {}                                  # (key, split) -> the row with the top median
     for key in keys:
         for split in {stats.row_split(n).value for n in split_rows}:
-            ranked = [(median(n, key), n) for n in split_rows
-                      if stats.row_split(n).value == split and median(n, key) is not None]
-            if ranked:
-                best[(key, split)] = max(ranked, key=lambda pair: pair[0])[1]
+            medians = {n: median(n, key) for n in split_rows if stats.row_split(n).value == split}
+            medians = {n: m for n, m in medians.items() if m is not None}
+            if medians:
+                best[(key, split)] = max(medians, key=medians.get)
     L = ["## By-class data", "",
          f"{static[0].name}, {args.byclass_budget:g} s of training per run. Final: the last "
          "scored checkpoint; second half: the mean test accuracy of the checkpoints from half "
