@@ -253,6 +253,9 @@ def test_a_failing_run_is_reported_and_the_others_still_run(data_dir, tmp_path):
     (["-dd", "/nonexistent-esync"], "lacks train-images-idx3-ubyte.gz"),
     (["--tune-lr", "0.01,x"], "argument --tune-lr: '0.01,x' is not a comma-separated list"),
     (["--tune-lr", "0.01,-1"], "argument --tune-lr: learning rates must be positive"),
+    (["--byclass-tune-lr", "0.01,x"],
+     "argument --byclass-tune-lr: '0.01,x' is not a comma-separated list"),
+    (["--byclass-tune-lr", "none"], "argument --byclass-tune-lr: give learning rates or 'same'"),
     (["--aggregations", "median"], "argument --aggregations: 'median' in 'median' is not a rule"),
     (["--aggregations", "mean+nesterov=x"], "'nesterov=x' in 'mean+nesterov=x' is not"),
     (["--bandwidth", "fast"], "argument --bandwidth: 'fast' is not 'auto' or tc rates"),
@@ -435,13 +438,13 @@ def test_standalone_and_by_class_rows_run_in_the_first_setting_only(data_dir, tm
 def test_tuning_runs_each_row_on_its_own_data_with_each_value(data_dir, tmp_path,
                                                                 full_launcher):
     args = args_for(data_dir, tmp_path, "--modes", "async,dcasgd", "--tune-lr", "0.01,0.001",
-                    "--tune-budget", "5", "--scenarios", "static")
+                    "--byclass-tune-lr", "same", "--tune-budget", "5", "--scenarios", "static")
     jobs = plan.tuning_jobs(args, tmp_path, plan.rows(args), plan.settings(args, RATES)[0])
-    # by-class rows tune for --byclass-tune-budget, by default 1.5 x --tune-budget
+    # by-class rows tune for --byclass-tune-budget, by default 4 x --tune-budget
     assert [(j.row.group, j.lr, j.budget) for j in jobs] == [
         ("async", 0.001, 5.0), ("async", 0.01, 5.0), ("dcasgd", 0.001, 5.0),
-        ("dcasgd", 0.01, 5.0), ("async-niid", 0.001, 7.5), ("async-niid", 0.01, 7.5),
-        ("dcasgd-niid", 0.001, 7.5), ("dcasgd-niid", 0.01, 7.5)]
+        ("dcasgd", 0.01, 5.0), ("async-niid", 0.001, 20.0), ("async-niid", 0.01, 20.0),
+        ("dcasgd-niid", 0.001, 20.0), ("dcasgd-niid", 0.01, 20.0)]
     assert jobs[2].argv[jobs[2].argv.index("-dcasgd") + 1] == "1"
     assert "-s" not in jobs[0].argv and jobs[4].argv[jobs[4].argv.index("-s") + 1] == "1"
     full = plan.full_jobs(args, tmp_path, plan.rows(args), plan.settings(args, RATES)[:1],
@@ -536,23 +539,51 @@ def test_tuning_scores_the_mean_of_the_second_half_not_the_last_checkpoint(tmp_p
     assert chosen["lr"] == 0.001
 
 
-def test_each_rows_two_best_rates_run_again_with_the_next_seed(data_dir, tmp_path,
-                                                                full_launcher):
-    args = args_for(data_dir, tmp_path, "--modes", "sync", "--tune-lr", "0.001,0.003,0.009",
-                    "--seed", "5")
+def test_each_iid_rows_two_best_rates_run_again_with_the_next_seed(data_dir, tmp_path,
+                                                                    full_launcher):
+    args = args_for(data_dir, tmp_path, "--modes", "sync,async", "--tune-lr",
+                    "0.001,0.003,0.009", "--byclass-tune-lr", "same", "--seed", "5")
     rows = plan.rows(args)
     tuning = {"sync": {"lr": 0.003, "scores": {0.001: 0.5, 0.003: 0.7, 0.009: 0.6}},
-              "sync-niid": {"lr": 0.001, "scores": {0.001: 0.3, 0.003: None, 0.009: 0.1}}}
+              "async": {"lr": 0.001, "scores": {0.001: 0.7, 0.003: None, 0.009: 0.1}},
+              "sync-niid": {"lr": 0.001, "scores": {0.001: 0.3, 0.003: 0.2, 0.009: 0.1}}}
     jobs = plan.confirming_jobs(args, tmp_path, rows, tuning)
     assert [(j.row.group, j.lr, j.seed, j.budget) for j in jobs] == [
         ("sync", 0.003, 6, args.tune_budget), ("sync", 0.009, 6, args.tune_budget),
-        ("sync-niid", 0.001, 6, args.byclass_tune_budget),
-        ("sync-niid", 0.009, 6, args.byclass_tune_budget)]       # a failed rate is not retried
+        ("async", 0.001, 6, args.tune_budget),
+        ("async", 0.009, 6, args.tune_budget)]        # a failed rate is not retried
+    # a by-class row's (4 times longer) runs do not run again
+    assert plan.confirmed_rates(next(r for r in rows if r.split)) == 0
     assert all(j.tuning and j.argv[j.argv.index("--seed") + 1] == "6" for j in jobs)
     assert jobs[0].tag == "tune sync lr 0.003 seed 6"
     assert len({j.root for j in jobs} | {j.root for j in plan.tuning_jobs(args, tmp_path, rows)}
-               ) == len(jobs) + 6                                 # no run overwrites another
+               ) == len(jobs) + 12                                # no run overwrites another
     assert len(plan.planned_confirmations(args, tmp_path, rows)) == 4
+
+
+def test_by_class_rows_are_tuned_over_their_own_grid_and_widen_by_its_step(data_dir, tmp_path,
+                                                                         full_launcher):
+    args = args_for(data_dir, tmp_path, "--modes", "sync", "--tune-lr", "0.001,0.003,0.009",
+                    "--byclass-tune-lr", "0.0001,0.001")
+    rows = plan.rows(args)
+    jobs = plan.tuning_jobs(args, tmp_path, rows)
+    assert [(j.row.group, j.lr, j.budget) for j in jobs] == [
+        ("sync", 0.001, args.tune_budget), ("sync", 0.003, args.tune_budget),
+        ("sync", 0.009, args.tune_budget), ("sync-niid", 0.0001, args.byclass_tune_budget),
+        ("sync-niid", 0.001, args.byclass_tune_budget)]
+    assert all("-s" in j.argv for j in jobs[3:]) and all("-s" not in j.argv for j in jobs[:3])
+    tuning = {"sync": {"lr": 0.009, "scores": {0.001: 0.5, 0.003: 0.6, 0.009: 0.7}},
+              "sync-niid": {"lr": 0.0001, "scores": {0.0001: 0.4, 0.001: 0.1}}}
+    wider = plan.widening_jobs(args, tmp_path, rows, tuning)
+    assert {(j.row.group, j.lr) for j in wider} == {("sync", 0.027), ("sync-niid", 1e-05)}
+    assert "--byclass-tune-lr 0.0001,0.001" in options.canonical_command(args)
+    # the default: the by-class grid a step below the i.i.d. one (ESync sat at chance on it)
+    default = args_for(data_dir, tmp_path, "--modes", "sync")
+    assert default.byclass_lr_grid == [3e-05, 9.49e-05, 0.0003, 0.001]
+    assert default.byclass_tune_budget == 4 * default.tune_budget
+    same = args_for(data_dir, tmp_path, "--tune-lr", "0.01,0.02", "--byclass-tune-lr", "same")
+    assert same.byclass_lr_grid == same.lr_grid == [0.01, 0.02]
+    assert args_for(data_dir, tmp_path, "--tune-lr", "none").byclass_lr_grid is None
 
 
 def test_a_rate_that_diverges_with_the_second_seed_loses(tmp_path):
@@ -1337,8 +1368,9 @@ def test_the_default_benchmark_fits_in_100_minutes_on_2_cores(data_dir, tmp_path
     per_repeat = [(j.setting.name, j.name) for j in jobs if j.rep == 1]
     assert len(per_repeat) == 19 and {s.name for s in settings} == {"loopback", "netns",
                                                                      "shifting"}
-    # 10 rows x 3 rates, then each row's 2 best again with the next seed
-    assert len([j for j in jobs if j.tuning]) == 30 + 20 and args.repeats == 3
+    # 6 i.i.d. rows x 3 rates and 4 by-class rows x 4 rates, then each i.i.d. row's 2 best
+    # again with the next seed
+    assert len([j for j in jobs if j.tuning]) == 18 + 16 + 12 and args.repeats == 3
     assert plan.estimate(jobs)["total_s"] <= 100 * 60
 
 

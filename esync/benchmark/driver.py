@@ -104,11 +104,15 @@ def describe_plan(args, tune_jobs, jobs, settings, confirming=()) -> list[str]:
     L = []
     if tune_jobs:
         groups = len({j.row.group for j in tune_jobs})
+        byclass = any(args.splits) and args.byclass_lr_grid != args.lr_grid
         L.append(f"plan: {len(tune_jobs)} tuning run(s) ({groups} row(s) × "
                  f"{len(args.lr_grid)} rates, {args.tune_budget:g} s each"
-                 + (f" ({args.byclass_tune_budget:g} s by class)" if any(args.splits) else "")
-                 + f", on loopback, seed {args.seed})"
-                 + (f", then {len(confirming)} with seed {args.seed + 1} (each row's "
+                 + (f"; by class {len(args.byclass_lr_grid)} rates" if byclass else "")
+                 + (f", {args.byclass_tune_budget:g} s each" if byclass
+                    else f" ({args.byclass_tune_budget:g} s by class)" if any(args.splits)
+                    else "")
+                 + f"; on loopback, seed {args.seed})"
+                 + (f", then {len(confirming)} with seed {args.seed + 1} (each i.i.d. row's "
                     f"{plan.CONFIRMED_RATES} best rates again)" if confirming else ""))
     first = [j for j in jobs if j.rep == 1]
     per = ", ".join(f"{s.name} {sum(1 for j in first if j.setting.name == s.name)}"

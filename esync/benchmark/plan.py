@@ -251,7 +251,7 @@ def tuning_jobs(args, out: Path, all_rows: list[Row], setting: Setting = LOOPBAC
         return []
     jobs = []
     for row in _first_row_by_group(all_rows).values():
-        for lr in args.lr_grid:
+        for lr in lr_grid(args, row):
             root = out / TUNE_DIR / row.group / f"lr{lr:g}"
             jobs.append(_job(args, row, setting, 0, lr, root, tune_budget(args, row),
                              out / RUNS_DIR / f"tune-{row.group}-lr{lr:g}.log"))
@@ -274,10 +274,8 @@ def widening_jobs(args, out: Path, all_rows: list[Row], tuning: dict) -> list[Jo
     tried: the next value beyond that edge, a grid step away (the grid's own ratio; x3 for a
     grid of one value). None when every best rate is inside its group's values (or a group has
     been widened ``MAX_WIDENINGS`` times on that side)."""
-    grid = sorted(args.lr_grid or [])
-    if not grid:
+    if not args.lr_grid:
         return []
-    step = (grid[-1] / grid[0]) ** (1 / (len(grid) - 1)) if len(grid) > 1 else 3.0
     rows_by_group = _first_row_by_group(all_rows)
     jobs = []
     for group, entry in tuning.items():
@@ -285,6 +283,8 @@ def widening_jobs(args, out: Path, all_rows: list[Row], tuning: dict) -> list[Jo
         best = entry["lr"]
         if best is None or len(tried) < 2 or group not in rows_by_group:
             continue
+        grid = lr_grid(args, rows_by_group[group])
+        step = (grid[-1] / grid[0]) ** (1 / (len(grid) - 1)) if len(grid) > 1 else 3.0
         if best == tried[-1] and sum(lr > grid[-1] for lr in tried) < MAX_WIDENINGS:
             lr = best * step
         elif best == tried[0] and sum(lr < grid[0] for lr in tried) < MAX_WIDENINGS:
@@ -300,15 +300,21 @@ def widening_jobs(args, out: Path, all_rows: list[Row], tuning: dict) -> list[Jo
 
 
 CONFIRMED_RATES = 2     # per tuning group, its best rates run again with the next seed
+# ... but not a by-class group's: its runs are 4 times longer, and a second seed for them would
+# take the default benchmark past 100 minutes. On by-class data a rate too large for the split
+# sits at chance already in the first seed; and one seed's 40 s run chose every rate that the
+# 60 s runs of two seeds chose (docs/benchmark-byclass-s1-tune60, cut at 40 s).
+BYCLASS_CONFIRMED_RATES = 0
 
 
 def confirming_jobs(args, out: Path, all_rows: list[Row], tuning: dict) -> list[Job]:
-    """A second short run, with the next seed, of each group's ``CONFIRMED_RATES`` best rates.
+    """A second short run, with the next seed, of each group's best rates (``confirmed_rates``:
+    ``CONFIRMED_RATES`` of an i.i.d. group, none of a by-class group).
 
     One seed cannot tell the best rate from one that diverges in another seed: standalone SGD
     at 0.0095 won its grid on seed 1 in two default benchmarks, then ended at chance in the
     seed-2 repeat of both. A rate's score is then the mean over its seeds."""
-    if not tuning or CONFIRMED_RATES < 1:
+    if not tuning:
         return []
     rows_by_group = _first_row_by_group(all_rows)
     seed = args.seed + 1
@@ -319,7 +325,7 @@ def confirming_jobs(args, out: Path, all_rows: list[Row], tuning: dict) -> list[
         known = sorted(((score, lr) for lr, score in entry["scores"].items()
                         if score is not None), key=lambda pair: (-pair[0], pair[1]))
         row = rows_by_group[group]
-        for _, lr in known[:CONFIRMED_RATES]:
+        for _, lr in known[:confirmed_rates(row)]:
             root = out / TUNE_DIR / group / f"lr{lr:g}-seed{seed}"
             jobs.append(_job(args, row, LOOPBACK, 0, lr, root, tune_budget(args, row),
                              out / RUNS_DIR / f"tune-{group}-lr{lr:g}-seed{seed}.log",
@@ -327,14 +333,20 @@ def confirming_jobs(args, out: Path, all_rows: list[Row], tuning: dict) -> list[
     return jobs
 
 
+def confirmed_rates(row: Row) -> int:
+    """How many of a group's best rates run again with the next seed."""
+    return BYCLASS_CONFIRMED_RATES if row.split else CONFIRMED_RATES
+
+
 def planned_confirmations(args, out: Path, all_rows: list[Row]) -> list[Job]:
     """The confirming runs the plan will add once the grid has run (for the estimate): which
     rates they run is not known before, their number and budgets are."""
     if args.lr_grid is None:
         return []
-    groups = dict.fromkeys(row.group for row in all_rows)
+    rows_by_group = _first_row_by_group(all_rows)
     return confirming_jobs(args, out, all_rows,
-                           {g: {"scores": {lr: 0.0 for lr in args.lr_grid}} for g in groups})
+                           {g: {"scores": {lr: 0.0 for lr in lr_grid(args, row)}}
+                            for g, row in rows_by_group.items()})
 
 
 def full_jobs(args, out: Path, all_rows: list[Row], all_settings: list[Setting],
@@ -365,6 +377,11 @@ def full_jobs(args, out: Path, all_rows: list[Row], all_settings: list[Setting],
 def row_budget(args, row: Row) -> float:
     """A full run's training seconds: --byclass-budget for a by-class row, else --budget."""
     return args.byclass_budget if row.split else args.budget
+
+
+def lr_grid(args, row: Row) -> list[float]:
+    """The learning rates a row is tuned over: --byclass-tune-lr for a by-class row."""
+    return (args.byclass_lr_grid or args.lr_grid) if row.split else args.lr_grid
 
 
 def tune_budget(args, row: Row) -> float:

@@ -18,8 +18,8 @@ from esync.benchmark import stats
 from esync.benchmark.emulation import describe as describe_emulation
 from esync.benchmark.metrics import TUNING_TOLERANCE
 from esync.benchmark.options import canonical_command, repeat_seeds
-from esync.benchmark.plan import (CLUSTER_EVAL, CONFIRMED_RATES, SHIFTING, Job, Setting,
-                                  display_argv, sync_cap, sync_target)
+from esync.benchmark.plan import (CLUSTER_EVAL, CONFIRMED_RATES, SHIFTING, SYNC_CAP_BUDGETS,
+                                  Job, Setting, display_argv, sync_cap, sync_target)
 from esync.benchmark.runs import tail
 from esync.benchmark.shaping import rate_bit_s
 from esync.benchmark.stats import speedup_cell, time_cell, value_cell
@@ -105,18 +105,23 @@ def tuning_section(args, tuning: dict | None, rows, labels: dict) -> list[str]:
         L += [f"Not tuned (`--tune-lr none`): `-l {args.learning_rate:g}` for SGD modes, "
               f"`-ll {args.local_lr:g}` for ESync's local steps.", ""]
         return L
-    grid = sorted({v for entry in tuning.values() for v in entry["scores"]} | set(args.lr_grid))
+    byclass_grid = args.byclass_lr_grid or args.lr_grid
+    grid = sorted({v for entry in tuning.values() for v in entry["scores"]} | set(args.lr_grid)
+                  | (set(byclass_grid) if any(args.splits) else set()))
+    byclass = (f"tuned on by-class data over the grid {', '.join(f'{v:g}' for v in byclass_grid)}"
+               f" (`--byclass-tune-lr`), for {args.byclass_tune_budget:g} s")
     L += [f"Each row's learning rate (`-l`, or `-ll` for ESync: lr × the gradient summed over "
           f"the batch) is the best of the grid {', '.join(f'{v:g}' for v in args.lr_grid)}: one short "
           f"run ({args.tune_budget:g} s of training) per value, once per row (not per repeat), "
           f"on loopback with seed {args.seed}, on the row's own data split (a by-class row is "
-          f"tuned on by-class data, for {args.byclass_tune_budget:g} s); the best score wins, "
+          f"{byclass}); the best score wins, "
           f"or the smallest rate within {TUNING_TOLERANCE:g} of it (one short run cannot tell "
           "them apart). A run's score is its mean test accuracy over the checkpoints of its "
-          "second half (one checkpoint is one sample of a curve that moves). Each row's "
+          "second half (one checkpoint is one sample of a curve that moves). Each i.i.d. row's "
           f"{CONFIRMED_RATES} best rates then ran again with seed {args.seed + 1} (one seed "
           "cannot tell a good rate from one that diverges in another); their cells, marked ², "
-          "are the mean of both seeds' scores. "
+          "are the mean of both seeds' scores (a by-class row's runs are 4 times longer and run "
+          "once: a rate too large for class-ordered shards sits at chance in the first seed). "
           "Shaped-link rows use the value of their loopback row, the shifting scenario's rows "
           "that of their static row. Cells: the short run's score; **bold**: "
           "chosen. A row whose best value was at an edge of the values it tried got the next "
@@ -147,7 +152,7 @@ def table1_section(args, results: dict, settings: list[Setting], labels: dict) -
     L = [f"## Table 1: time to {args.table1_target:.2f} test accuracy and speedup over SSGD", "",
          f"As in the ESync paper's Table 1, on i.i.d. data. SSGD ran until it reached "
          f"{args.table1_target:.2f} or for at most **{cap:g} s** (`--sync-cap-seconds`, "
-         "default 3 × "
+         f"default {SYNC_CAP_BUDGETS:g} × "
          f"the budget); every other row had the common {args.budget:g} s budget. Time: median "
          f"over {args.repeats} repeat(s) (min–max); speedup: SSGD's median / the row's.", ""]
     head, rule = "| Row |", "| --- |"
