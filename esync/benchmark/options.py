@@ -42,9 +42,10 @@ DEFAULT_BYCLASS_AGGREGATIONS = "sum+share=1+accumulate"
 # mean at -b 64 is 0.00078 summed. Three values a factor ~3.3 apart around it.
 DEFAULT_LR_GRID = "0.0003,0.001,0.003"
 # By-class rows learn at lower rates: on -s 1 every rate of the i.i.d. grid from 0.001 up left
-# ESync at chance, and the rows chose 9.49e-05 (ESync) and 0.0003 (SSGD, ASGD, DC-ASGD) in 60 s
+# ESync at chance, and the rows chose 9.49e-05 (ESync) and 0.0003 (ASGD, DC-ASGD) in 60 s
 # tuning runs (docs/benchmark-byclass-s1-tune60). The i.i.d. grid a step lower, plus its middle
-# value, holds every one of them inside, so no widening run is needed.
+# value, holds those inside. SSGD takes no local steps (its averaged gradient mixes the four
+# shards' classes) and wants the i.i.d. rates: over 40 s it widened to 0.00322 (docs/benchmark).
 DEFAULT_BYCLASS_LR_GRID = "3e-05,9.49e-05,0.0003,0.001"
 AGGREGATION_RULES = modes.AGGREGATION_RULES
 # Defaults sized so that the whole default benchmark (3 repeats; loopback and shaped links;
@@ -57,8 +58,9 @@ DEFAULT_TUNE_BUDGET = 10.0
 # fed its last class, and every mode's final accuracy was where the devices stood in their class
 # order (docs/benchmark-byclass-s1-120s). Their tuning runs last 40 s: in 15 s runs every rate
 # from 9.49e-05 up scored chance for ESync, which then ran its 120 s at 9.49e-06 and ended at
-# 0.42 (docs/benchmark); cut at 40 s, the 60 s runs of docs/benchmark-byclass-s1-tune60 choose
-# the rates their full 60 s chose (ESync 9.49e-05, ASGD and DC-ASGD 0.0003), by 0.06 or more.
+# 0.42 (docs/benchmark-2026-11-26-morning); cut at 40 s, the seed-1 runs of
+# docs/benchmark-byclass-s1-tune60 choose the rates its 60 s runs of two seeds chose (ESync
+# 9.49e-05, ASGD and DC-ASGD 0.0003), each by 0.06 or more.
 BYCLASS_TUNE_FACTOR = 4.0
 BYCLASS_BUDGET_FACTOR = 3.0
 DEFAULT_REPEATS = 3
