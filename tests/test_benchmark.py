@@ -552,7 +552,7 @@ def test_each_iid_rows_two_best_rates_run_again_with_the_next_seed(data_dir, tmp
         ("sync", 0.003, 6, args.tune_budget), ("sync", 0.009, 6, args.tune_budget),
         ("async", 0.001, 6, args.tune_budget),
         ("async", 0.009, 6, args.tune_budget)]        # a failed rate is not retried
-    # a by-class row's (4 times longer) runs do not run again
+    # a by-class row's (longer) runs do not run again
     assert plan.confirmed_rates(next(r for r in rows if r.split)) == 0
     assert all(j.tuning and j.argv[j.argv.index("--seed") + 1] == "6" for j in jobs)
     assert jobs[0].tag == "tune sync lr 0.003 seed 6"

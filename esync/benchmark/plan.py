@@ -300,8 +300,8 @@ def widening_jobs(args, out: Path, all_rows: list[Row], tuning: dict) -> list[Jo
 
 
 CONFIRMED_RATES = 2     # per tuning group, its best rates run again with the next seed
-# ... but not a by-class group's: its runs are 4 times longer, and a second seed for them would
-# take the default benchmark past 100 minutes. On by-class data a rate too large for the split
+# ... but not a by-class group's: its runs are longer (4 times by default), and a second seed
+# for them would take the default benchmark past 100 minutes. On by-class data a rate too large for the split
 # sits at chance already in the first seed; and one seed's 40 s run chose every rate that the
 # 60 s runs of two seeds chose (docs/benchmark-byclass-s1-tune60, cut at 40 s).
 BYCLASS_CONFIRMED_RATES = 0

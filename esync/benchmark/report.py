@@ -120,7 +120,7 @@ def tuning_section(args, tuning: dict | None, rows, labels: dict) -> list[str]:
           "second half (one checkpoint is one sample of a curve that moves). Each i.i.d. row's "
           f"{CONFIRMED_RATES} best rates then ran again with seed {args.seed + 1} (one seed "
           "cannot tell a good rate from one that diverges in another); their cells, marked ², "
-          "are the mean of both seeds' scores (a by-class row's runs are 4 times longer and run "
+          "are the mean of both seeds' scores (a by-class row's longer tuning runs run "
           "once: a rate too large for class-ordered shards sits at chance in the first seed). "
           "Shaped-link rows use the value of their loopback row, the shifting scenario's rows "
           "that of their static row. Cells: the short run's score; **bold**: "
