@@ -380,8 +380,9 @@ def row_budget(args, row: Row) -> float:
 
 
 def lr_grid(args, row: Row) -> list[float]:
-    """The learning rates a row is tuned over: --byclass-tune-lr for a by-class row."""
-    return (args.byclass_lr_grid or args.lr_grid) if row.split else args.lr_grid
+    """The learning rates a row is tuned over: --byclass-tune-lr for a by-class row (its
+    parser already resolved ``same`` to the i.i.d. grid)."""
+    return args.byclass_lr_grid if row.split else args.lr_grid
 
 
 def tune_budget(args, row: Row) -> float:

@@ -105,10 +105,10 @@ def tuning_section(args, tuning: dict | None, rows, labels: dict) -> list[str]:
         L += [f"Not tuned (`--tune-lr none`): `-l {args.learning_rate:g}` for SGD modes, "
               f"`-ll {args.local_lr:g}` for ESync's local steps.", ""]
         return L
-    byclass_grid = args.byclass_lr_grid or args.lr_grid
     grid = sorted({v for entry in tuning.values() for v in entry["scores"]} | set(args.lr_grid)
-                  | (set(byclass_grid) if any(args.splits) else set()))
-    byclass = (f"tuned on by-class data over the grid {', '.join(f'{v:g}' for v in byclass_grid)}"
+                  | (set(args.byclass_lr_grid) if any(args.splits) else set()))
+    byclass = (f"tuned on by-class data over the grid "
+               f"{', '.join(f'{v:g}' for v in args.byclass_lr_grid)}"
                f" (`--byclass-tune-lr`), for {args.byclass_tune_budget:g} s")
     L += [f"Each row's learning rate (`-l`, or `-ll` for ESync: lr × the gradient summed over "
           f"the batch) is the best of the grid {', '.join(f'{v:g}' for v in args.lr_grid)}: one short "
