@@ -1325,6 +1325,12 @@ def test_emulation_is_read_from_each_runs_cluster_json(tmp_path):
     assert lines[1].startswith("- standalone SGD: capped at 0.63 core")
     assert lines[2] == "- placement (first full run): cpu0 ×1: 0.63 core, cpu1 ×4: 0.1575 core"
     assert not any("mismatch" in ln for ln in lines)
+    fine = survey_of(tmp_path / "fine", [{"emulation": "cpu-cap", "cpu_share": 0.63,
+                                          "cfs_slice_us": 1000}])
+    assert emulation.describe(fine, {"capped": True, "share": 0.63})[0] == (
+        "- emulation: **cpu-cap** in every cluster run; share S = 0.63 core per ×1 device (a ×F "
+        "device gets S/F); CFS bandwidth slice 1 ms (a cap's period holds at least one) (read "
+        "from each run's cluster.json)")
 
 
 def test_emulation_mismatches_are_named(tmp_path):

@@ -18,8 +18,9 @@ import pytest
 from esync.launch import cgroups
 from esync.common.speeds import (ScheduleError, factor_in_force, next_change,
                                  parse_speed_schedule)
-from esync.launch.cgroups import (CgroupError, CpuCaps, CpuController, default_share,
-                                  find_cpu_controller, quota_for, remove_stale)
+from esync.launch.cgroups import (FINE_SLICE_US, CfsSlice, CgroupError, CpuCaps,
+                                  CpuController, default_share, find_cpu_controller, quota_for,
+                                  remove_stale)
 from support import REPO
 
 # A busy loop that prints "<monotonic seconds> <own CPU seconds since the loop began>" every
@@ -271,6 +272,90 @@ def test_remove_stale_cleans_what_a_sigkilled_launcher_left(controller, procs):
             os.kill(worker, signal.SIGKILL)
 
 
+def test_the_cfs_slice_is_fine_while_caps_exist_and_restored_after_a_sigkill(controller,
+                                                                            procs):
+    kernel = CfsSlice()
+    if kernel.read() is None:
+        pytest.skip(f"this kernel has no {kernel.path}")
+    remove_stale(controller)
+    kernel.restore(controller.root)              # what an earlier killed run may have left
+    if any(cgroups.GROUP_RE.match(p.name) for p in controller.root.iterdir()):
+        pytest.skip("another launcher's CPU caps are running on this machine")
+    original = kernel.read()
+    fine = min(original, FINE_SLICE_US)
+    with CpuCaps() as caps:                      # the machine's own controller: manages it
+        assert kernel.read() == fine
+        caps.cap("cpu3", 0.0789)                 # a x8 device: one slice per 12.7 ms period
+        assert caps.cores("cpu3") == pytest.approx(0.0789, rel=1e-3)
+        period = int((caps.group("cpu3") / "cpu.cfs_period_us").read_text())
+        assert period == quota_for(0.0789, fine)[1]
+        assert fine != 1_000 or period == 12_675
+        with CpuCaps() as other:                 # a second launcher: the first value is kept
+            assert kernel.read() == fine
+        assert kernel.read() == fine, "restored while another launcher's caps still ran"
+    assert kernel.read() == original and not kernel.saved.exists()
+
+    owner = procs([sys.executable, "-c", OWNER], stdout=subprocess.PIPE, text=True,
+                  env={**os.environ, "PYTHONPATH": str(REPO)})
+    worker = None
+    try:
+        line = owner.stdout.readline()
+        assert line, "the owner process died before creating its groups"
+        worker = int(line.split()[1])
+        assert kernel.read() == fine
+        owner.send_signal(signal.SIGKILL)
+        owner.wait(timeout=10)
+        assert kernel.read() == fine                 # nobody restored it...
+        with CpuCaps():                              # ...until the next run, which lowers it
+            assert kernel.read() == fine             # again for itself
+        assert kernel.read() == original and not kernel.saved.exists()
+    finally:
+        if worker is not None and pid_alive(worker):
+            os.kill(worker, signal.SIGKILL)
+        remove_stale(controller)
+        kernel.restore(controller.root)
+
+
+def test_cfs_slice_saves_the_first_value_and_restores_when_no_group_is_left(tmp_path):
+    root = tmp_path / "cgroup"
+    root.mkdir()
+    knob = tmp_path / "sched_cfs_bandwidth_slice_us"
+    knob.write_text("5000\n")
+    fine = CfsSlice(knob, tmp_path / "saved")
+    assert fine.lower() == FINE_SLICE_US and knob.read_text() == f"{FINE_SLICE_US}\n"
+    assert fine.lower() == FINE_SLICE_US                   # a second launcher
+    assert fine.saved.read_text() == "5000\n"              # still the kernel's own value
+    (root / "esync-1.2.0").mkdir()                          # some launcher's groups remain
+    assert fine.restore(root) is None and knob.read_text() == f"{FINE_SLICE_US}\n"
+    (root / "esync-1.2.0").rmdir()
+    (root / "unrelated").mkdir()
+    assert fine.restore(root) == 5000 and knob.read_text() == "5000\n"
+    assert not fine.saved.exists() and fine.restore(root) is None
+    knob.write_text("500\n")                               # already finer: left alone
+    assert fine.lower() == 500 and not fine.saved.exists()
+    assert CfsSlice(tmp_path / "missing", tmp_path / "saved").lower() == cgroups.MIN_RUN_US
+    knob.write_text("5000\n")
+    knob.chmod(0o444)
+    try:
+        if not os.access(knob, os.W_OK):                     # root may write anyway
+            assert fine.lower() == 5000                      # unwritable: caps use 5 ms runs
+    finally:
+        knob.chmod(0o644)
+
+
+def test_caps_with_a_fine_slice_give_small_caps_short_periods(tmp_path):
+    knob = tmp_path / "sched_cfs_bandwidth_slice_us"
+    knob.write_text("5000\n")
+    (tmp_path / "cgroup").mkdir()
+    caps = CpuCaps(CpuController(2, tmp_path / "cgroup"), clean_stale=False,
+                   cfs_slice=CfsSlice(knob, tmp_path / "saved"))   # plain files: no close()
+    assert knob.read_text() == f"{FINE_SLICE_US}\n" and caps.min_run_us == FINE_SLICE_US
+    caps.cap("cpu3", 0.0789474)
+    assert (caps.group("cpu3") / "cpu.max").read_text() == "1000 12667\n"
+    caps.cap("cpu0", 0.6315)
+    assert (caps.group("cpu0") / "cpu.max").read_text() == "6315 10000\n"
+
+
 def test_remove_stale_tells_a_reused_pid_from_its_owner(controller):
     me = os.getpid()
     real_start = int(Path(f"/proc/{me}/stat").read_text().rsplit(")", 1)[1].split()[19])
@@ -376,6 +461,9 @@ def test_quota_is_a_fraction_of_one_core():
     assert quota_for(0.1) == (5_000, 50_000)
     assert quota_for(0.001) == (1_000, 1_000_000)       # the kernel.s 1 ms floor
     assert quota_for(None) == (None, 10_000)
+    assert quota_for(0.0789474, 1_000) == (1_000, 12_667)   # with the fine slice
+    assert quota_for(0.1, 1_000) == (1_000, 10_000)
+    assert quota_for(0.0789474, 200) == (1_000, 12_667)     # never under the kernel's 1 ms
     for bad in (0, -0.5, float("nan"), float("inf"), 0.0005):
         with pytest.raises(ValueError):
             quota_for(bad)

@@ -145,7 +145,7 @@ def survey(jobs) -> dict:
     """What the cluster runs used: ``{"counts": {emulation: runs}, "shares": [...],
     "placement": [...] | None, "runs": n}`` over the jobs that ran a cluster."""
     counts: dict[str, int] = {}
-    shares, placement = set(), None
+    shares, slices, placement = set(), set(), None
     cluster = [j for j in jobs if not j.standalone and j.returncode is not None]
     for job in cluster:
         info = read_cluster(job.folder)
@@ -155,11 +155,13 @@ def survey(jobs) -> dict:
             kind = info.get("emulation") or OLDER
             if info.get("cpu_share") is not None:
                 shares.add(round(float(info["cpu_share"]), 4))
+            if info.get("cfs_slice_us"):
+                slices.add(int(info["cfs_slice_us"]))
             if placement is None and not job.tuning and info.get("placement"):
                 placement = info["placement"]
         counts[kind] = counts.get(kind, 0) + 1
-    return {"counts": counts, "shares": sorted(shares), "placement": placement,
-            "runs": len(cluster)}
+    return {"counts": counts, "shares": sorted(shares), "slices": sorted(slices),
+            "placement": placement, "runs": len(cluster)}
 
 
 def describe(seen: dict, standalone: dict) -> list[str]:
@@ -175,6 +177,10 @@ def describe(seen: dict, standalone: dict) -> list[str]:
         main = max(counts, key=counts.get)
         share = (f"; share S = {', '.join(f'{s:g}' for s in shares)} core per ×1 device "
                  "(a ×F device gets S/F)" if shares else "")
+        slices = seen.get("slices") or []
+        if slices:
+            share += (f"; CFS bandwidth slice {', '.join(f'{s / 1000:g}' for s in slices)} ms "
+                      "(a cap's period holds at least one)")
         source = ("no run wrote a cluster.json: the launcher predates them" if main == OLDER
                   else "read from each run's cluster.json")
         if len(counts) == 1:

@@ -42,8 +42,12 @@ Both cgroup versions work:
   ``cpu.cfs_quota_us``.
 
 A quota is a fraction of one core per period: 0.45 core is 4500 us per 10000 us. The kernel
-refuses quotas under 1 ms, so a cap under 0.1 core uses a longer period (up to the kernel's
-1 s, that is down to 0.001 core). A cap above 1 core is allowed (several threads may run at
+refuses quotas under 1 ms, and a quota under one CFS bandwidth slice (a global kernel setting,
+5 ms by default) throttles unevenly, so a small cap uses a longer period (up to the kernel's
+1 s, that is down to 0.001 core). The caps of a launcher lower the slice to 1 ms while their
+groups exist (``CfsSlice``; the last launcher to close, or the first run after a SIGKILLed one,
+puts the kernel's value back): a 0.079-core x8 device then runs 1 ms per 12.7 ms instead of
+5 ms per 63 ms, so its iterations no longer last two periods or three at random. A cap above 1 core is allowed (several threads may run at
 once) but a worker with one compute thread cannot use it.
 
 Creating groups and moving processes needs write access to the hierarchy: root, or a delegated
@@ -89,8 +93,15 @@ PERIOD_US = 10_000               # a tenth of the kernel's default: see quota_fo
 MIN_QUOTA_US = 1_000             # the kernel refuses shorter quotas (v1 and v2)
 # The kernel hands quota to a CPU in slices of sched_cfs_bandwidth_slice_us (5 ms by default); a
 # quota below one slice throttles unevenly (measured here: a 0.1-core cap at 1 ms per 10 ms ran
-# 20% slower than 1/4 of a 0.4-core cap), so small caps get a longer period instead.
-MIN_RUN_US = 5_000
+# 20% slower than 1/4 of a 0.4-core cap), so small caps get a longer period instead: at least
+# one slice per period. With the kernel's slice a x8 device of the default cluster (0.079 core)
+# ran 5 ms per 63 ms period, so one iteration took either two periods or three (125 or 180 ms):
+# a jitter no device has, which the round rule must predict. ``CfsSlice`` lowers the slice to
+# FINE_SLICE_US while a launcher's groups exist, and the periods shrink with it (12.7 ms).
+MIN_RUN_US = 5_000               # the kernel's default slice
+FINE_SLICE_US = MIN_QUOTA_US     # the slice while caps run: the smallest quota is one slice
+SLICE_FILE = Path("/proc/sys/kernel/sched_cfs_bandwidth_slice_us")
+SAVED_SLICE_FILE = Path("/run/esync-cfs-bandwidth-slice-us")   # the slice before we lowered it
 MAX_PERIOD_US = 1_000_000        # ... and longer periods
 MIN_CORES = MIN_QUOTA_US / MAX_PERIOD_US
 
@@ -278,13 +289,15 @@ def _owner_alive(pid: int, start: int) -> bool:
 
 # --- quotas ---------------------------------------------------------------------------------------
 
-def quota_for(cores: float | None) -> tuple[int | None, int]:
+def quota_for(cores: float | None, min_run_us: int = MIN_RUN_US) -> tuple[int | None, int]:
     """``(quota_us, period_us)`` giving ``cores`` of CPU time per period; None: no cap.
 
-    A period of 10 ms (the kernel's default is 100 ms) unless the quota would fall under the
-    kernel's 1 ms, when the period grows (to at most 1 s). Short periods make a capped worker
-    slow at every moment, as a slow device is: with 100 ms, a x1 worker that idled at the
-    round's barrier ran its next iterations at full speed until its quota ran out. ValueError for a cap that is not a positive number or under 0.001 core.
+    A period of 10 ms (the kernel's default is 100 ms) unless the quota would fall under
+    ``min_run_us`` (the kernel's CFS bandwidth slice in force), when the period grows (to at
+    most 1 s). Short periods make a capped worker slow at every moment, as a slow device is:
+    with 100 ms, a x1 worker that idled at the round's barrier ran its next iterations at full
+    speed until its quota ran out. ValueError for a cap that is not a positive number or under
+    0.001 core.
     """
     if cores is None:
         return None, PERIOD_US
@@ -294,8 +307,9 @@ def quota_for(cores: float | None) -> tuple[int | None, int]:
         raise ValueError(f"a CPU cap of {cores:g} core is below the kernel's smallest, "
                          f"{MIN_CORES:g} core (1 ms per 1 s)")
     period = PERIOD_US
-    if cores * period < MIN_RUN_US:
-        period = min(MAX_PERIOD_US, math.ceil(MIN_RUN_US / cores))
+    min_run_us = max(MIN_QUOTA_US, min_run_us)
+    if cores * period < min_run_us:
+        period = min(MAX_PERIOD_US, math.ceil(min_run_us / cores))
     return max(MIN_QUOTA_US, round(cores * period)), period
 
 
@@ -391,6 +405,66 @@ def remove_stale(controller: CpuController | None = None) -> list[Path]:
     return removed
 
 
+def _groups_exist(root: Path) -> bool:
+    """Whether any launcher's groups (live or stale) are in ``root``."""
+    try:
+        return any(GROUP_RE.match(entry.name) and entry.is_dir() for entry in root.iterdir())
+    except OSError:
+        return False
+
+
+@dataclass(frozen=True)
+class CfsSlice:
+    """The kernel's CFS bandwidth slice (a global setting), lowered while capped workers run.
+
+    ``lower`` saves the slice in force (unless a run before us already did) and sets
+    ``FINE_SLICE_US``; ``restore`` puts the saved slice back once no launcher's groups are left
+    (the last launcher to close restores it; ``remove_stale`` runs first, so the next run after
+    a SIGKILLed launcher restores what it left). Without the file (another kernel) or the right
+    to write it, the slice stays as it is and the caps use longer periods for small quotas.
+    """
+    path: Path = SLICE_FILE
+    saved: Path = SAVED_SLICE_FILE
+
+    def read(self) -> int | None:
+        try:
+            return int(self.path.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def lower(self) -> int:
+        """Set the fine slice; returns the slice in force afterwards (``quota_for``'s
+        ``min_run_us``)."""
+        current = self.read()
+        if current is None:
+            return MIN_RUN_US
+        if current <= FINE_SLICE_US:
+            return current
+        try:
+            if not self.saved.exists():
+                self.saved.write_text(f"{current}\n")
+            self.path.write_text(f"{FINE_SLICE_US}\n")
+        except OSError:
+            return current
+        return FINE_SLICE_US
+
+    def restore(self, root: Path) -> int | None:
+        """Put the saved slice back when no launcher's groups remain in ``root``; returns the
+        slice restored (None: nothing to do, or groups remain)."""
+        if _groups_exist(root):
+            return None
+        try:
+            value = int(self.saved.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+        try:
+            self.path.write_text(f"{value}\n")
+            self.saved.unlink()
+        except OSError:
+            return None
+        return value
+
+
 # --- the groups of one launcher -----------------------------------------------------------------
 
 class CpuCaps:
@@ -399,17 +473,26 @@ class CpuCaps:
     ``CpuCaps()`` finds the controller (``CgroupsUnavailable`` when there is none, saying why),
     removes what dead launchers left, and creates this launcher's parent group, weighing
     ``weight`` ordinary processes (``DEFAULT_WEIGHT``; None: the kernel's default of one) so that
-    capped workers get their caps on a busy machine. ``cap`` creates a
+    capped workers get their caps on a busy machine. ``cfs_slice`` (``CfsSlice``): lowered while
+    the groups exist, so that small caps get short periods; by default only for the machine's
+    own controller (found here, not passed in). ``cap`` creates a
     device's group and sets its quota, or changes it while the worker runs. Start a worker in its
     group with ``exec_prefix``, or move a running process with ``move``. ``close`` moves whatever
     is left to the root group and removes every group made here.
     """
 
     def __init__(self, controller: CpuController | None = None, *, clean_stale: bool = True,
-                 weight: float | None = DEFAULT_WEIGHT):
+                 weight: float | None = DEFAULT_WEIGHT, cfs_slice: CfsSlice | None = None):
+        if cfs_slice is None and controller is None:
+            cfs_slice = CfsSlice()
         self.controller = _controller(controller)
+        self.cfs_slice = cfs_slice
+        self.min_run_us = MIN_RUN_US          # the CFS bandwidth slice the periods allow for
+        self.kernel_slice_us = None           # the slice before ours (None: not managed)
         if clean_stale:
             remove_stale(self.controller)
+        if cfs_slice is not None:
+            cfs_slice.restore(self.controller.root)      # what a SIGKILLed launcher left
         pid = os.getpid()
         self.path = self.controller.root / f"{PREFIX}-{pid}.{_start_time(pid)}.{next(_instances)}"
         self._groups: dict[str, Path] = {}
@@ -430,6 +513,9 @@ class CpuCaps:
             except (CgroupError, ValueError):
                 _rmdir(self.path)
                 raise
+        if cfs_slice is not None:
+            self.kernel_slice_us = cfs_slice.read()
+            self.min_run_us = cfs_slice.lower()
 
     def _set_weight(self, weight: float) -> None:
         if not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight <= 0:
@@ -453,7 +539,7 @@ class CpuCaps:
         """Limit ``device``'s group to ``cores`` of CPU time (0.45: 45 ms per 100 ms; None: no
         cap), creating the group on first use; takes effect at once on the processes inside, so
         it also serves speed schedules. Returns the group's directory."""
-        quota, period = quota_for(cores)
+        quota, period = quota_for(cores, self.min_run_us)
         with self._lock:
             if self._closed:
                 raise CgroupError(errno.ENOENT, f"{self.path} is closed")
@@ -533,6 +619,8 @@ class CpuCaps:
                 except CgroupError as exc:
                     errors.append(str(exc))
             self._groups.clear()
+            if self.cfs_slice is not None:
+                self.cfs_slice.restore(self.controller.root)
             if errors:
                 raise CgroupError(errno.EBUSY, "; ".join(errors) + " (python -m "
                                   "esync.launch.cgroups clean removes it once this process ends)")
@@ -651,6 +739,9 @@ def main(argv=None) -> int:
     elif args.action == "clean":
         for group in remove_stale(found):
             print(f"removed {group}")
+        restored = CfsSlice().restore(found.root)
+        if restored is not None:
+            print(f"restored the kernel's CFS bandwidth slice to {restored} us")
     else:
         for group in sorted(found.root.iterdir()):
             match = GROUP_RE.match(group.name)

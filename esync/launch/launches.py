@@ -41,6 +41,7 @@ class Launch:
 
     emulation = "sleep"           # how slow-downs are emulated; LocalLaunch may cap CPUs
     cpu_share: float | None = None
+    cfs_slice_us: int | None = None   # the kernel's CFS bandwidth slice the caps ran with
 
     def __init__(self, args, parser, *, hosts: Hosts, devices: list[str]):
         self.args, self.parser = args, parser
@@ -104,7 +105,7 @@ class Launch:
         spec = {k: v for k, v in vars(self.args).items()
                 if isinstance(v, (str, int, float, bool, list, type(None))) and k != "state_token"}
         spec.update(emulation=self.emulation, cpu_share=self.cpu_share,
-                    placement=self.placement())
+                    cfs_slice_us=self.cfs_slice_us, placement=self.placement())
         atomic_write_text(runlayout.cluster_file(self.mode_dir), json.dumps(spec, indent=1))
         return True
 
@@ -201,6 +202,8 @@ class LocalLaunch(Launch):
                 backend.create()
                 hosts = backend.placement()
             launch = cls(args, parser, backend, hosts, cpu_share=share)
+            if caps is not None:
+                launch.cfs_slice_us = caps.min_run_us
             if caps is not None and args.speed_schedule:
                 backend.shift_speeds(launch.speed_shifter(caps))
             return launch
@@ -412,9 +415,13 @@ def cpu_caps(args):
     except ValueError as exc:
         caps.close()
         raise UsageError(f"--emulation: {exc}; give --cpu-share") from None
+    slice_note = ""
+    if caps.kernel_slice_us and caps.min_run_us < caps.kernel_slice_us:
+        slice_note = (f"; the kernel's CFS bandwidth slice is {caps.min_run_us / 1000:g} ms "
+                      f"while they run ({caps.kernel_slice_us / 1000:g} ms before)")
     print(f"esync-cluster: emulating slow devices by CPU caps ({caps.controller.describe()}): "
-          f"a x1 device gets {share:.2f} of a core (--cpu-share), a xF device 1/F of that",
-          flush=True)
+          f"a x1 device gets {share:.2f} of a core (--cpu-share), a xF device 1/F of that"
+          f"{slice_note}", flush=True)
     return caps, share
 
 
