@@ -99,6 +99,10 @@ def test_the_run_records_its_emulation_and_pins_each_device_to_its_shard(capped_
     cluster = json.loads((mode_dir / "cluster.json").read_text())
     assert cluster["emulation"] == "cpu-cap"
     assert cluster["cpu_share"] == 0.4
+    from esync.launch.cgroups import FINE_SLICE_US, CfsSlice
+    kernel = CfsSlice().read()
+    if kernel is not None:               # the caps ran with the fine slice
+        assert cluster["cfs_slice_us"] == min(FINE_SLICE_US, kernel)
     placement = cluster["placement"]
     assert [(p["device"], p["shard"], p["cpu_cores"]) for p in placement] == [
         ("cpu0", 0, 0.4), ("cpu1", 1, 0.1)]
@@ -112,6 +116,8 @@ def test_the_run_records_its_emulation_and_pins_each_device_to_its_shard(capped_
 def test_no_cgroup_is_left_after_a_normal_end(capped_run):
     controller = _controller_or_skip()
     assert [p for p in controller.root.glob("esync-*") if p.is_dir()] == []
+    from esync.launch.cgroups import CfsSlice
+    assert not CfsSlice().saved.exists(), "the kernel's CFS bandwidth slice was not restored"
 
 
 def _start(tmp_path, fashion_data_dir, launchers, *extra):
