@@ -47,8 +47,9 @@ refuses quotas under 1 ms, and a quota under one CFS bandwidth slice (a global k
 1 s, that is down to 0.001 core). The caps of a launcher lower the slice to 1 ms while their
 groups exist (``CfsSlice``; the last launcher to close, or the first run after a SIGKILLed one,
 puts the kernel's value back): a 0.079-core x8 device then runs 1 ms per 12.7 ms instead of
-5 ms per 63 ms, so its iterations no longer last two periods or three at random. A cap above 1 core is allowed (several threads may run at
-once) but a worker with one compute thread cannot use it.
+5 ms per 63 ms, so its iterations no longer last two periods or three at random. A cap above
+1 core is allowed (several threads may run at once) but a worker with one compute thread cannot
+use it.
 
 Creating groups and moving processes needs write access to the hierarchy: root, or a delegated
 v2 subtree. Where that is missing, ``find_cpu_controller`` returns a one-line reason instead of a
