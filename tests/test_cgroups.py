@@ -294,6 +294,7 @@ def test_the_cfs_slice_is_fine_while_caps_exist_and_restored_after_a_sigkill(con
         assert fine != 1_000 or period == 12_675
         with CpuCaps() as other:                 # a second launcher: the first value is kept
             assert kernel.read() == fine
+            assert (other.min_run_us, other.kernel_slice_us) == (fine, original)
         assert kernel.read() == fine, "restored while another launcher's caps still ran"
     assert kernel.read() == original and not kernel.saved.exists()
 
@@ -327,6 +328,7 @@ def test_cfs_slice_saves_the_first_value_and_restores_when_no_group_is_left(tmp_
     assert fine.lower() == FINE_SLICE_US and knob.read_text() == f"{FINE_SLICE_US}\n"
     assert fine.lower() == FINE_SLICE_US                   # a second launcher
     assert fine.saved.read_text() == "5000\n"              # still the kernel's own value
+    assert fine.original() == 5000 and fine.read() == FINE_SLICE_US
     (root / "esync-1.2.0").mkdir()                          # some launcher's groups remain
     assert fine.restore(root) is None and knob.read_text() == f"{FINE_SLICE_US}\n"
     (root / "esync-1.2.0").rmdir()

@@ -433,6 +433,13 @@ class CfsSlice:
         except (OSError, ValueError, IndexError):
             return None
 
+    def original(self) -> int | None:
+        """The kernel's own slice: the saved value while some launcher has lowered it."""
+        try:
+            return int(self.saved.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return self.read()
+
     def lower(self) -> int:
         """Set the fine slice; returns the slice in force afterwards (``quota_for``'s
         ``min_run_us``)."""
@@ -515,8 +522,8 @@ class CpuCaps:
                 _rmdir(self.path)
                 raise
         if cfs_slice is not None:
-            self.kernel_slice_us = cfs_slice.read()
             self.min_run_us = cfs_slice.lower()
+            self.kernel_slice_us = cfs_slice.original()   # also when another run lowered it
 
     def _set_weight(self, weight: float) -> None:
         if not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight <= 0:
