@@ -246,14 +246,19 @@ time.sleep(60)
 """
 
 
-def test_remove_stale_cleans_what_a_sigkilled_launcher_left(controller, procs):
+def start_owner(procs):
+    """Start OWNER (a launcher with two capped groups); (its process, its parent group, the
+    pid of the worker it started in cpu1)."""
     owner = procs([sys.executable, "-c", OWNER], stdout=subprocess.PIPE, text=True,
                   env={**os.environ, "PYTHONPATH": str(REPO)})
-    worker = None
+    line = owner.stdout.readline()
+    assert line, "the owner process died before creating its groups"
+    return owner, Path(line.split()[0]), int(line.split()[1])
+
+
+def test_remove_stale_cleans_what_a_sigkilled_launcher_left(controller, procs):
+    owner, path, worker = start_owner(procs)
     try:
-        line = owner.stdout.readline()
-        assert line, "the owner process died before creating its groups"
-        path, worker = Path(line.split()[0]), int(line.split()[1])
         assert (path / "cpu0").is_dir() and (path / "cpu1").is_dir()
         assert owner.pid in [int(p) for p in (path / "cpu0" / "cgroup.procs").read_text().split()]
 
@@ -298,13 +303,8 @@ def test_the_cfs_slice_is_fine_while_caps_exist_and_restored_after_a_sigkill(con
         assert kernel.read() == fine, "restored while another launcher's caps still ran"
     assert kernel.read() == original and not kernel.saved.exists()
 
-    owner = procs([sys.executable, "-c", OWNER], stdout=subprocess.PIPE, text=True,
-                  env={**os.environ, "PYTHONPATH": str(REPO)})
-    worker = None
+    owner, _, worker = start_owner(procs)
     try:
-        line = owner.stdout.readline()
-        assert line, "the owner process died before creating its groups"
-        worker = int(line.split()[1])
         assert kernel.read() == fine
         owner.send_signal(signal.SIGKILL)
         owner.wait(timeout=10)
