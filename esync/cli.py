@@ -220,6 +220,11 @@ def add_run_args(parser: argparse.ArgumentParser, *, one_worker: bool = True) ->
     e.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=config.overlap,
                    help="exchange round r's deltas while round r+1 computes (the global model "
                         "moves one round late; each worker goes on from it plus its own delta)")
+    e.add_argument("--carry", action=argparse.BooleanOptionalAction, default=config.carry,
+                   help="a device at least twice as fast as the slowest runs local iterations "
+                        "while its round's exchange is in flight and carries them into its next "
+                        "delta (hides the exchange's wait without delaying the global model, "
+                        "unlike --overlap)")
     e.add_argument("--comm-dtype", choices=COMM_DTYPES, default=config.comm_dtype,
                    help="type of the deltas on the wire: float16 halves every exchange's bytes "
                         "(the parameter server sums them in float16; the global model, the "
@@ -280,6 +285,9 @@ def check_esync_options(args) -> None:
         raise UsageError("--nesterov needs an --outer-momentum above 0 (DiLoCo uses 0.9); "
                          "for no outer momentum give --outer-momentum 0 --no-nesterov")
     check_low_rank(args)
+    conflict = carry_conflict(args) if getattr(args, "carry", False) else None
+    if conflict:
+        raise UsageError(f"argument --carry: {conflict} (or --no-carry)")
     conflict = accumulate_conflict(args) if getattr(args, "accumulate", False) else None
     if conflict:
         raise UsageError(f"argument --accumulate: {conflict} (or --no-accumulate)")
@@ -304,6 +312,19 @@ def low_rank_conflict(args) -> str | None:
         return "--scaffold's variates would still travel in full; give --no-scaffold"
     if getattr(args, "collective", "ps") != "ps":
         return "it runs over the parameter server; give --collective ps"
+    return None
+
+
+def carry_conflict(args) -> str | None:
+    """What in ``args`` excludes --carry, as the fix to give; None: nothing."""
+    if args.mode != "esync":
+        return f"-m {args.mode} has no exchange of deltas to compute through; use -m esync"
+    if getattr(args, "overlap", None):
+        return "--overlap already computes while the exchange runs; give --no-overlap"
+    fixed = getattr(args, "local_iters", 0) or 0
+    if any(fixed) if isinstance(fixed, (tuple, list)) else fixed:
+        return ("--local-iters fixes every worker's iterations, which carried ones would "
+                "change; leave --local-iters at 0 (the state server decides)")
     return None
 
 

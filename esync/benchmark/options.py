@@ -140,6 +140,7 @@ class Aggregation:
     fp16: bool = False           # --comm-dtype float16
     low_rank: int = 0            # --low-rank R (PowerSGD factors; 0: deltas in full)
     accumulate: bool = False     # --accumulate (local iterations sum gradients)
+    carry: bool = False          # --carry (iterations during the exchange, into the next round)
 
     @property
     def slug(self) -> str:
@@ -165,6 +166,8 @@ class Aggregation:
             parts.append(f"lowrank{self.low_rank}")
         if self.accumulate:
             parts.append("accumulate")
+        if self.carry:
+            parts.append("carry")
         return "-".join(parts)
 
     @property
@@ -191,6 +194,8 @@ class Aggregation:
             text += f", rank-{self.low_rank} deltas"
         if self.accumulate:
             text += ", gradients accumulated"
+        if self.carry:
+            text += ", iterations carried over the exchange"
         return text
 
     @property
@@ -208,7 +213,7 @@ class Aggregation:
         parts += ["overlap"] * self.overlap + ([f"prox={self.prox_mu:g}"] if self.prox_mu else [])
         parts += ["scaffold"] * self.scaffold + ["fp16"] * self.fp16
         parts += [f"lowrank={self.low_rank}"] if self.low_rank else []
-        parts += ["accumulate"] * self.accumulate
+        parts += ["accumulate"] * self.accumulate + ["carry"] * self.carry
         return "+".join(parts)
 
     def argv(self) -> list[str]:
@@ -221,7 +226,8 @@ class Aggregation:
                 "--scaffold" if self.scaffold else "--no-scaffold",
                 "--comm-dtype", "float16" if self.fp16 else "float32",
                 "--low-rank", str(self.low_rank),
-                "--accumulate" if self.accumulate else "--no-accumulate"]
+                "--accumulate" if self.accumulate else "--no-accumulate",
+                "--carry" if self.carry else "--no-carry"]
         if self.comm_share is not None:
             argv += ["--comm-share", f"{self.comm_share:g}"]
         if self.max_round is not None:
@@ -249,7 +255,7 @@ def parse_aggregations(text: str, flag: str = "--aggregations") -> list[Aggregat
                              f"{DEFAULT_AGGREGATIONS!r}")
         fields = {"rule": rule}
         for extra in extras:
-            if extra.strip() in ("overlap", "scaffold", "fp16", "accumulate"):
+            if extra.strip() in ("overlap", "scaffold", "fp16", "accumulate", "carry"):
                 fields[extra.strip()] = True
                 continue
             match = _PART.fullmatch(extra.strip())
@@ -261,7 +267,7 @@ def parse_aggregations(text: str, flag: str = "--aggregations") -> list[Aggregat
                 raise UsageError(f"argument {flag}: {extra!r} in {item!r} is not "
                                  "nesterov=M, momentum=M, gl=G, share=S (0 < S <= 1), "
                                  "round=T (seconds), prox=MU, lowrank=R, overlap, scaffold, "
-                                 "fp16 or accumulate, with numbers M, MU >= 0, G, T > 0 and a whole R >= 1")
+                                 "fp16, accumulate or carry, with numbers M, MU >= 0, G, T > 0 and a whole R >= 1")
             if match.group(1) == "gl":
                 fields["global_lr"] = value
             elif match.group(1) == "share":
@@ -368,6 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ESync rows, one per item: RULE[+nesterov=M|+momentum=M][+gl=G]"
                         "[+share=S][+round=T (rounds of at most T s)]"
                         "[+overlap][+prox=MU][+scaffold][+fp16 (float16 deltas)][+accumulate]"
+                        "[+carry (iterations during the exchange)]"
                         "[+lowrank=R (PowerSGD factors of rank R)] with "
                         "RULE one of " + ", ".join(AGGREGATION_RULES))
     r.add_argument("--byclass-aggregations", default=DEFAULT_BYCLASS_AGGREGATIONS,

@@ -257,6 +257,7 @@ class TrainingLoop:
         self.speed = DeviceSpeed(args, device)
         self.announced = None              # the slow-down factor the dashboard was last told
         self.clock0 = time.perf_counter()  # the training clock's zero (set by run)
+        algo.local_iteration = self._carried_iteration
 
     def announce(self, spent: float) -> None:
         """Tell the coordinator where this worker runs and its factor at training time ``spent``
@@ -411,32 +412,43 @@ class TrainingLoop:
             if not self.algo.continue_local(k, last_c, record):
                 record.drop_empty_iteration()
                 break
-            start = time.perf_counter()
-            with record.phase("get_batch"):
-                x, y = self.stream.next_batch()
-            with record.phase("forward and backward"):
-                with autograd.record():
-                    loss = self.loss_fn(self.w.net(x), y)
-                loss.backward()
-                # MXNet runs the backward pass asynchronously: without this wait the round's
-                # last backward would run inside the exchange, uncounted in c_i (a slow device
-                # with k = 1 would report its forward pass alone, and the state server would
-                # size every round too short for it).
-                for param in self.w.trainable:
-                    param.grad().wait_to_read()
-            self.w.batch_samples = int(y.shape[0])
-            self.algo.local_step(record)
-            factor = self.speed.sleep_factor(time.perf_counter() - self.clock0)
-            if factor > 1:
-                busy = record.current()
-                work = busy.get("forward and backward", 0.0) + busy.get("local update", 0.0)
-                with record.phase("emulated slowdown"):
-                    time.sleep((factor - 1) * work)
-            loss_sum += float(loss.mean().asscalar())
-            record.num_samples += int(y.shape[0])
+            loss, last_c = self._iteration(record)
+            loss_sum += loss
             k += 1
-            last_c = time.perf_counter() - start
         return k, last_c, loss_sum / max(k, 1)
+
+    def _carried_iteration(self, record: RoundRecord) -> float:
+        """One local iteration outside the round's local phase (ESync's ``--carry`` runs them
+        while its exchange is in flight); logged in ``record``, returns its duration."""
+        record.begin_iteration()
+        return self._iteration(record)[1]
+
+    def _iteration(self, record: RoundRecord) -> tuple[float, float]:
+        """One local iteration: batch, forward and backward, the algorithm's step, the emulated
+        slow-down; returns (its mean loss, its duration in seconds)."""
+        start = time.perf_counter()
+        with record.phase("get_batch"):
+            x, y = self.stream.next_batch()
+        with record.phase("forward and backward"):
+            with autograd.record():
+                loss = self.loss_fn(self.w.net(x), y)
+            loss.backward()
+            # MXNet runs the backward pass asynchronously: without this wait the round's
+            # last backward would run inside the exchange, uncounted in c_i (a slow device
+            # with k = 1 would report its forward pass alone, and the state server would
+            # size every round too short for it).
+            for param in self.w.trainable:
+                param.grad().wait_to_read()
+        self.w.batch_samples = int(y.shape[0])
+        self.algo.local_step(record)
+        factor = self.speed.sleep_factor(time.perf_counter() - self.clock0)
+        if factor > 1:
+            busy = record.current()
+            work = busy.get("forward and backward", 0.0) + busy.get("local update", 0.0)
+            with record.phase("emulated slowdown"):
+                time.sleep((factor - 1) * work)
+        record.num_samples += int(y.shape[0])
+        return float(loss.mean().asscalar()), time.perf_counter() - start
 
     def _evaluation_due(self, round_no: int, stop: bool, elapsed: float) -> bool:
         if stop:

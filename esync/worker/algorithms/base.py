@@ -51,6 +51,7 @@ class AlgorithmConfig:
     comm_share: float = 1.0               # --comm-share: communication's largest share of a round
     max_round_seconds: float = 0.0        # --max-round-seconds: bound on a round (0: none)
     overlap: bool = False                 # --overlap: exchange during the next round
+    carry: bool = False                   # --carry: iterate during the exchange, into the next
     comm_dtype: str = "float32"           # --comm-dtype: the deltas' type on the wire
     prox_mu: float = 0.0                  # --prox-mu: FedProx's proximal coefficient (0: none)
     scaffold: bool = False                # --scaffold: SCAFFOLD's control variates
@@ -72,6 +73,7 @@ class AlgorithmConfig:
                    comm_share=getattr(args, "comm_share", cls.comm_share),
                    max_round_seconds=getattr(args, "max_round_seconds", cls.max_round_seconds),
                    overlap=bool(getattr(args, "overlap", False)),
+                   carry=bool(getattr(args, "carry", False)),
                    comm_dtype=getattr(args, "comm_dtype", cls.comm_dtype),
                    prox_mu=getattr(args, "prox_mu", 0.0) or 0.0,
                    scaffold=bool(getattr(args, "scaffold", False)),
@@ -122,6 +124,8 @@ class Algorithm:
     global_samples: Optional[int] = None   # samples of the last round over all workers, if known
     worker_ks: Optional[list] = None       # every worker's k_i of the last round, if the exchange
                                            # carries them (else only this worker's k is known)
+    local_iteration = None     # set by the training loop: runs one more local iteration into a
+                               # RoundRecord, returns its seconds (ESync's --carry)
 
     def __init__(self, worker: Worker):
         self.worker = worker

@@ -40,6 +40,13 @@ computed in it, sized by speed as load-balanced BSP does (Chen et al., "Semi-dyn
 balancing", SoCC 2020): no local model drifts towards the classes of its shard, at one model
 update per round.
 
+``--carry``: a device that ran two or more iterations in a round (so at least twice as fast as
+the slowest) keeps iterating while the round's exchange is in flight, from where its local model
+stands, and carries those iterations into its next delta (counted in its next ``k_i``): when the
+exchange ends, its local model becomes ``g`` plus what they moved it. The global model is not
+delayed (unlike ``--overlap``); a fast device's wait for the slowest's push and for the transfer
+becomes computing.
+
 ``--comm-dtype float16``: the deltas travel as half floats on keys of their own (half the bytes;
 the global model and the outer step stay float32).
 
@@ -102,6 +109,9 @@ class ESync(Algorithm):
         self.last_overhead = 0.0             # seconds the last aggregation computed (not waited)
         self.round_waited = 0.0              # this aggregation's blocking waits so far
         self.questions = None                # dynamic policy: the thread that asks the server
+        self.carried_in = 0                  # --carry: iterations of this round run during the
+                                             # last exchange (part of this round's delta)
+        self.carried_seconds = 0.0           # --carry: how long they took
         if cfg.local_iters:
             return
         self.client = StateClient(cfg.state_url, job=cfg.job, token=cfg.state_token)
@@ -224,21 +234,57 @@ class ESync(Algorithm):
         """The round's exchange; also times what the aggregation computes outside its waits
         (``last_overhead``: the deltas, the outer step, the copies), which on a slow device is
         part of its round: the planned policy gives the faster devices that time to compute."""
-        began, self.round_waited = time.perf_counter(), 0.0
+        began, self.round_waited, self.carried_seconds = time.perf_counter(), 0.0, 0.0
         try:
             return self._aggregate(record, want_stop)
         finally:
-            self.last_overhead = max(0.0, time.perf_counter() - began - self.round_waited)
+            self.last_overhead = max(0.0, time.perf_counter() - began - self.round_waited
+                                     - self.carried_seconds)
 
     def _aggregate(self, record, want_stop: bool) -> bool:
         if self.config.overlap:
             return self._aggregate_overlapped(record, want_stop)
+        carry = self._may_carry(want_stop)
         with record.phase("global update"):
             deltas = self._round_deltas()
-            control = self._finish(self._send(deltas, want_stop), self.worker.round_no)
-            self._continue_from(None)
+            exchange = self._send(deltas, want_stop, watch=carry)
+        carried, ends = self._carry_through(exchange, record) if carry else (0, None)
+        with record.phase("global update"):
+            control = self._finish(exchange, self.worker.round_no)
+            self._continue_from(None, carried_from=ends)
+        self.carried_in = carried
         self._coordinate(record, control, self.worker.round_no)
         return control.stop
+
+    def _may_carry(self, want_stop: bool) -> bool:
+        """--carry, for a device that ran two or more iterations this round (at least twice as
+        fast as the slowest, whose exchange the others wait for: it never carries), unless the
+        round is the last."""
+        cfg = self.config
+        return (cfg.carry and not want_stop and not cfg.local_iters
+                and self.local_iteration is not None and self.worker.round_k > 1)
+
+    def _carry_through(self, exchange, record) -> tuple[int, list | None]:
+        """--carry: local iterations while the exchange is in flight, from the local model
+        where the round ended; they count in the next round's delta (``_continue_from`` moves
+        them onto the new global model). Under the dynamic policy a carried iteration may end
+        after the exchange: the server sizes the next round from the slowest device's start,
+        not from this one's. The planned policy's k_i fill the round after the exchange, so
+        there an iteration is started only if it should end within the last exchange's time.
+        Returns the count and the local model at the round's end (None: nothing moved it)."""
+        w = self.worker
+        began, count, ends = time.perf_counter(), 0, None
+        planned = self.config.policy == "planned"
+        while exchange.seconds is None:
+            if planned and (time.perf_counter() - exchange.started + w.round_c
+                            > (self.last_comm or 0.0)):
+                break
+            if ends is None and self.gradient_sum is None:
+                ends = [x.copy() for x in self.weights]   # before the first step moves them
+            self.local_iteration(record)
+            count += 1
+        self.carried_seconds = time.perf_counter() - began
+        return count, ends
 
     def _aggregate_overlapped(self, record, want_stop: bool) -> bool:
         """--overlap: take round r-1's sums (in flight since then), send round r's, go on.
@@ -275,13 +321,18 @@ class ESync(Algorithm):
                 total[:] = 0
         else:
             deltas = [x - s for x, s in zip(self.weights, self.round_start)]
-        self.dump("esync", w.round_no, delta=deltas, k=w.round_k)
+        self.dump("esync", w.round_no, delta=deltas, k=self._steps)
         return deltas
+
+    @property
+    def _steps(self) -> int:
+        """Local iterations in this round's delta: the round's own and those carried into it."""
+        return self.worker.round_k + self.carried_in
 
     def _send(self, deltas, want_stop: bool, *, watch: bool = False):
         """Start the exchange of this round's weighted deltas and batch-norm statistics."""
         w, cfg = self.worker, self.config
-        push = aggregate.push_weight(cfg.aggregation, w.round_k)
+        push = aggregate.push_weight(cfg.aggregation, self._steps)
         factored = self.lowrank.indices if self.lowrank is not None else ()
         pushed = [d if i in factored else self._on_the_wire(d, push)
                   for i, d in enumerate(deltas)]
@@ -289,7 +340,7 @@ class ESync(Algorithm):
         extra_sums = self.variate_sum if extra else []
         # Pushed arrays become the keys' receive buffers (KVChannel.init): the batch-norm
         # statistics go as copies, or a forward pass would wait for an overlapped exchange.
-        aux = [a.copy() for a in self.aux] if cfg.overlap else self.aux
+        aux = [a.copy() for a in self.aux] if cfg.overlap or watch else self.aux
         sums, keys = self.delta_sum, self.delta_keys
         if self.lowrank is not None:          # the large deltas go as their first factors
             pushed, sums, keys = self.lowrank.first(pushed, sums, keys, push=push)
@@ -297,7 +348,7 @@ class ESync(Algorithm):
                                    sums + self.aux_sum + extra_sums,
                                    keys + w.keys.aux + self.variate_keys[:len(extra)],
                                    want_stop,
-                                   k=w.round_k, c=w.round_c, plan=self._plan_to_send(),
+                                   k=self._steps, c=w.round_c, plan=self._plan_to_send(),
                                    d=self.last_comm, o=self.last_overhead, watch=watch)
 
     def _on_the_wire(self, delta, push: float):
@@ -314,7 +365,7 @@ class ESync(Algorithm):
         if self.variate is None:
             return []
         w = self.worker
-        scale = -1.0 / (max(1, w.round_k) * self.config.local_lr)   # (x - y_i) / (k_i lr)
+        scale = -1.0 / (max(1, self._steps) * self.config.local_lr)   # (x - y_i) / (k_i lr)
         changes = []
         for i, (c, own, d) in enumerate(zip(self.variate, self.own_variate, deltas)):
             new = own - c + d * scale
@@ -359,11 +410,18 @@ class ESync(Algorithm):
             self.outer.update(start, total * scale if scale != 1 else total, buffer,
                               self.config.global_lr)
 
-    def _continue_from(self, own_deltas) -> None:
+    def _continue_from(self, own_deltas, carried_from=None) -> None:
         """The next round starts at g (None) or, with overlap, at g + this worker's own delta;
-        SCAFFOLD's per-step correction c - c_i is refreshed once here, not at every step."""
+        with iterations carried through the exchange (``carried_from``: where the round had
+        left the local model), at g + what they moved it. SCAFFOLD's per-step correction
+        c - c_i is refreshed once here, not at every step."""
         for i, (p, start, begin) in enumerate(zip(self.worker.trainable, self.start,
                                                   self.round_start)):
+            if carried_from is not None:               # in place: x - end + g
+                x = self.weights[i]
+                x -= carried_from[i]
+                x += start
+                continue
             if own_deltas is not None:
                 nd.elemwise_add(start, own_deltas[i], out=begin)
             elif begin is not start:
@@ -407,6 +465,7 @@ class ESync(Algorithm):
         --overlap when shorter than the round); rank 0 under the planned policy: what it
         reported and which round's plan it sent."""
         extras = {"exchange_time": round(self.last_comm or 0.0, 6),
+                  "carried_iterations": self.carried_in,
                   "exchange_wait": round(self.round_waited, 6),
                   "aggregation_overhead": round(self.last_overhead, 6)}
         if self.reporter is None or self.reported is None:
@@ -416,8 +475,9 @@ class ESync(Algorithm):
                     plan_sent_from_round=self.plan_sent)
 
     def global_model(self) -> dict:
-        """With overlap a worker trains on g + its own delta; the shared model is g."""
-        if not self.config.overlap:
+        """With overlap a worker trains on g + its own delta, with --carry on g + its carried
+        iterations; the shared model is g."""
+        if not (self.config.overlap or self.config.carry):
             return {}
         return {id(p): g for p, g in zip(self.worker.trainable, self.start)}
 
