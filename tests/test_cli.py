@@ -295,14 +295,20 @@ def test_scaffold_with_the_sum_rule_warns_and_runs(capsys):
     ("--accumulate", ["--overlap"], "--no-overlap"),
     ("--accumulate", ["--prox-mu", "0.1"], "--prox-mu 0"),
     ("--accumulate", ["--scaffold"], "--no-scaffold"),
+    ("--carry", ["-m", "async"], "-m esync"),
+    ("--carry", ["--overlap"], "--no-overlap"),
+    ("--carry", ["--local-iters", "3"], "--local-iters at 0"),
 ])
 def test_esync_options_refuse_what_they_cannot_run_with(option, flags, says):
-    """--low-rank and --accumulate: a conflicting flag is one error naming the fix."""
+    """--low-rank, --accumulate and --carry: a conflicting flag is one error naming the fix."""
     from esync.common.errors import UsageError
-    given = {"--low-rank": ["--low-rank", "4"], "--accumulate": ["--accumulate"]}[option]
+    given = {"--low-rank": ["--low-rank", "4"], "--accumulate": ["--accumulate"],
+             "--carry": ["--carry"]}[option]
     with pytest.raises(UsageError, match=option) as caught:
         cli.parse_args([*given, *flags])
     assert says in str(caught.value)
     assert cli.parse_args(["--low-rank", "4"]).low_rank == 4
     assert cli.parse_args(["--accumulate"]).accumulate is True
     assert cli.parse_args([]).accumulate is False
+    assert cli.parse_args(["--carry", "--accumulate"]).carry is True
+    assert cli.parse_args([]).carry is False

@@ -236,25 +236,26 @@ def _float16_sum(rule, deltas, ks):
     return total.astype(np.float32) * np.float32(aggregate.sum_weight(rule, ks))
 
 
-@pytest.mark.parametrize("rule,momentum,nesterov,wire", [("weighted", 0.0, False, "float32"),
-                                                         ("fednova", 0.0, False, "float32"),
-                                                         ("sum", 0.0, False, "float32"),
-                                                         ("weighted", 0.5, True, "float32"),
-                                                         ("weighted", 0.5, True, "float16")],
-                         ids=["weighted", "fednova", "sum", "weighted-nesterov",
-                              "weighted-nesterov-float16"])
+@pytest.mark.parametrize("rule,momentum,nesterov,wire,carry", [
+    ("weighted", 0.0, False, "float32", False), ("fednova", 0.0, False, "float32", False),
+    ("sum", 0.0, False, "float32", False), ("weighted", 0.5, True, "float32", False),
+    ("weighted", 0.5, True, "float16", False), ("weighted", 0.5, True, "float32", True)],
+    ids=["weighted", "fednova", "sum", "weighted-nesterov", "weighted-nesterov-float16",
+         "weighted-nesterov-carry"])
 def test_esync_rule_with_unequal_k_is_the_pure_rule_on_the_workers_deltas(
-        tmp_path, small_data, rule, momentum, nesterov, wire):
+        tmp_path, small_data, rule, momentum, nesterov, wire, carry):
     """Two workers slowed 1x and 3x under the planned policy run unequal k_i. Each worker dumps
     the delta and k it exchanges every round (``$ESYNC_DUMP_PUSHES``); rank 0's checkpoint of
     round t must be ``esync.worker.algorithms.aggregate``'s pure rule (and outer optimizer) applied
     to round t-1's checkpoint, buffer and those deltas. The mean rule, or heavy-ball momentum
     in place of Nesterov, would give another model: the test checks that too, so it can fail.
     With float16 deltas on the wire every exchange moves half the bytes, and the rule applies
-    to the rounded pushes."""
+    to the rounded pushes. With --carry (dynamic policy: the fast worker iterates through every
+    exchange) each delta's k counts the iterations carried into its round."""
     from esync.worker.algorithms import aggregate
     dumps = tmp_path / "dumps"
-    run_cluster(tmp_path, small_data, "-m", "esync", "--policy", "planned", "--workers", 2,
+    run_cluster(tmp_path, small_data, "-m", "esync", "--workers", 2,
+                "--policy", "dynamic" if carry else "planned", *(["--carry"] if carry else []),
                 "--slowdown", "1,3", "--aggregation", rule, "--outer-momentum", momentum,
                 "--nesterov" if nesterov else "--no-nesterov", "-gl", OUTER_GL, "-ll", LR,
                 *ORIGINAL_ROUNDS, "-b", BATCH, "--max-rounds", UNEQUAL_ROUNDS, "-e", 1, "--max-seconds", 0,
@@ -270,6 +271,8 @@ def test_esync_rule_with_unequal_k_is_the_pure_rule_on_the_workers_deltas(
         assert {r["bytes_pushed"] - 4 * (2 + 5 * 2) for r in rounds} == {wire_bytes}
     models_, buffers = _checkpointed_rounds(tmp_path, UNEQUAL_ROUNDS)
     pushed = _dumps(dumps, "esync")
+    if carry:
+        _assert_carried_into_the_next_delta(logs, pushed, UNEQUAL_ROUNDS)
 
     def rule_applied(t, rule_name, outer):
         deltas = [_listed(pushed[r, t], "delta") for r in (0, 1)]
@@ -629,16 +632,34 @@ def test_low_rank_rounds_are_powersgd_with_error_feedback_on_the_workers_deltas(
     assert step_error(replayed_sums(factors=False)) > 0.05
 
 
-@pytest.mark.parametrize("overlap", [False, True], ids=["exchange-then-compute", "overlap"])
-def test_every_rank_holds_the_same_global_model_after_each_round(tmp_path, small_data, overlap):
+def _assert_carried_into_the_next_delta(logs, pushed, rounds):
+    """--carry: the fast worker (device cpu0) carried iterations through some exchange, and the
+    k each worker pushed in round t is its own iterations of round t plus those it carried
+    through round t-1's exchange."""
+    for device in ("cpu0", "cpu1"):
+        rows = logs[device]
+        rank = rows[0]["rank"]
+        for t in range(2, rounds + 1):
+            want = rows[t - 1]["k"] + rows[t - 2]["carried_iterations"]
+            assert int(pushed[rank, t]["k"]) == want, (device, t)
+    assert any(r["carried_iterations"] for r in logs["cpu0"][:-1]), logs["cpu0"]
+    assert logs["cpu0"][-1]["carried_iterations"] == 0       # nothing carried past the end
+    assert not any(r["carried_iterations"] for r in logs["cpu1"])   # the slowest never carries
+
+
+@pytest.mark.parametrize("variant", ["exchange-then-compute", "overlap", "carry"])
+def test_every_rank_holds_the_same_global_model_after_each_round(tmp_path, small_data, variant):
     """Two workers (1x, 3x: unequal k under the planned policy) dump the global model they hold
     after each round's sums arrived. Every rank must hold the same one: with --overlap it moves
-    one round late, and each worker trains on it plus its own delta, never on another model."""
+    one round late, and each worker trains on it plus its own delta, never on another model;
+    with --carry (dynamic policy) the fast worker trains on it plus its carried iterations."""
     dumps = tmp_path / "dumps"
+    extra = {"exchange-then-compute": [], "overlap": ["--overlap"],
+             "carry": ["--carry", "--policy", "dynamic"]}[variant]
     run_cluster(tmp_path, small_data, "-m", "esync", "--policy", "planned", "--workers", 2,
                 "--slowdown", "1,3", "-ll", LR, "-b", BATCH, "--max-rounds", OVERLAP_ROUNDS,
                 "-e", 1, "--max-seconds", 0, "--seed", SEED, "--no-evaluator",
-                *(["--overlap"] if overlap else []), env={"ESYNC_DUMP_PUSHES": str(dumps)})
+                *extra, env={"ESYNC_DUMP_PUSHES": str(dumps)})
     held = _dumps(dumps, "global")
     assert sorted(t for r, t in held if r == 0) == list(range(1, OVERLAP_ROUNDS + 1))
     for t in range(1, OVERLAP_ROUNDS + 1):
@@ -649,6 +670,32 @@ def test_every_rank_holds_the_same_global_model_after_each_round(tmp_path, small
     assert _rel_error([final[n] for n in TRAINABLE], models_[0]) < 1e-6
     pushed = _dumps(dumps, "esync")
     assert any(pushed[0, t]["k"] != pushed[1, t]["k"] for t in range(2, OVERLAP_ROUNDS + 1))
+    if variant == "carry":
+        _assert_carried_into_the_next_delta(device_logs(tmp_path / "lenet" / "esync"), pushed,
+                                            OVERLAP_ROUNDS)
+
+
+def test_carry_with_one_worker_is_local_sgd(tmp_path, small_data):
+    """One worker, plain mean, no outer momentum, rounds stretched to several iterations (so it
+    carries): moving the carried iterations onto the new global model g + delta is exactly
+    continuing from where they left the model, so the run is local SGD over every iteration
+    it ran, in its rounds and through its exchanges."""
+    rounds = 5
+    run_cluster(tmp_path, small_data, "-m", "esync", "--carry", "--policy", "dynamic",
+                "--comm-share", "0.01", "--max-round-seconds", "0.1", *ORIGINAL_MEAN, "-gl", 1,
+                "--workers", 1, "--slowdown", "1", "-ll", LR, "-b", BATCH,
+                "--max-rounds", rounds, "-e", 1, "--max-seconds", 0, "--seed", SEED,
+                "--no-evaluator")
+    (rows,) = device_logs(tmp_path / "lenet" / "esync").values()
+    carried = sum(r["carried_iterations"] for r in rows)
+    assert carried > 0, rows
+    (rep,) = replicas(small_data, workers=1)
+    for _ in range(sum(r["k"] for r in rows) + carried):
+        rep.backward()
+        for p in rep.trainable.values():
+            p.set_data(p.data() - LR * p.grad())
+    assert_same_model(final_checkpoint(tmp_path / "lenet" / "esync", steps=rounds),
+                      rep.values())
 
 
 def test_overlap_with_one_worker_is_local_sgd(tmp_path, small_data):

@@ -244,15 +244,32 @@ class ESync(Algorithm):
     def _aggregate(self, record, want_stop: bool) -> bool:
         if self.config.overlap:
             return self._aggregate_overlapped(record, want_stop)
-        carry = self._may_carry(want_stop)
+        if not self._may_carry(want_stop):
+            with record.phase("global update"):
+                deltas = self._round_deltas()
+                control = self._finish(self._send(deltas, want_stop), self.worker.round_no)
+                self._continue_from(None)
+            self.carried_in = 0
+            self._coordinate(record, control, self.worker.round_no)
+            return control.stop
+        # --carry: the same steps, with local iterations while each exchange is in flight
         with record.phase("global update"):
-            deltas = self._round_deltas()
-            exchange = self._send(deltas, want_stop, watch=carry)
-        carried, ends = self._carry_through(exchange, record) if carry else (0, None)
+            exchange = self._send(self._round_deltas(), want_stop, watch=True)
+        carried = Carried(self.weights if self.gradient_sum is None else None)
+        self._carry_through(lambda: exchange.seconds is not None, exchange.started, carried,
+                            record)
         with record.phase("global update"):
-            control = self._finish(exchange, self.worker.round_no)
-            self._continue_from(None, carried_from=ends)
-        self.carried_in = carried
+            control = self._receive(exchange)
+        if self.lowrank is not None:
+            with record.phase("global update"):
+                second = self._start_second_factors(watch=True)
+            self._carry_through(second.is_set, second.started, carried, record)
+            with record.phase("global update"):
+                self._finish_second_factors(second)
+        with record.phase("global update"):
+            self._apply(control, self.worker.round_no)
+            self._continue_from(None, carried_from=carried.ends)
+        self.carried_in = carried.count
         self._coordinate(record, control, self.worker.round_no)
         return control.stop
 
@@ -264,28 +281,25 @@ class ESync(Algorithm):
         return (cfg.carry and not want_stop and not cfg.local_iters
                 and self.local_iteration is not None and self.worker.round_k > 1)
 
-    def _carry_through(self, exchange, record) -> tuple[int, list | None]:
-        """--carry: local iterations while the exchange is in flight, from the local model
-        where the round ended; they count in the next round's delta (``_continue_from`` moves
-        them onto the new global model). Under the dynamic policy a carried iteration may end
-        after the exchange: the server sizes the next round from the slowest device's start,
-        not from this one's. The planned policy's k_i fill the round after the exchange, so
-        there an iteration is started only if it should end within the last exchange's time.
-        Returns the count and the local model at the round's end (None: nothing moved it)."""
+    def _carry_through(self, done, started: float, carried: "Carried", record) -> None:
+        """--carry: local iterations until ``done()`` (an exchange started at ``started`` has
+        its sums), from the local model where the round ended; they count in the next round's
+        delta (``_continue_from`` moves them onto the new global model). Under the dynamic
+        policy a carried iteration may end after the exchange: the server sizes the next round
+        from the slowest device's start, not from this one's. The planned policy's k_i fill the
+        round after the exchange, so there an iteration is started only if it should end within
+        the last exchange's time."""
         w = self.worker
-        began, count, ends = time.perf_counter(), 0, None
+        began = time.perf_counter()
         planned = self.config.policy == "planned"
-        while exchange.seconds is None:
-            if planned and (time.perf_counter() - exchange.started + w.round_c
+        while not done():
+            if planned and (time.perf_counter() - started + w.round_c
                             > (self.last_comm or 0.0)):
                 break
-            if ends is None and self.gradient_sum is None:
-                ends = [x.copy() for x in self.weights]   # before the first step moves them
+            carried.before_first_step()
             self.local_iteration(record)
-            count += 1
-        self.carried_seconds = time.perf_counter() - began
-        return count, ends
-
+            carried.count += 1
+        self.carried_seconds += time.perf_counter() - began
     def _aggregate_overlapped(self, record, want_stop: bool) -> bool:
         """--overlap: take round r-1's sums (in flight since then), send round r's, go on.
 
@@ -375,12 +389,22 @@ class ESync(Algorithm):
 
     def _finish(self, exchange, t: int):
         """Wait for round t's sums and move g by them; the decoded control sum."""
-        w = self.worker
+        control = self._receive(exchange)
+        if self.lowrank is not None:
+            self._finish_second_factors(self._start_second_factors(watch=False))
+        self._apply(control, t)
+        return control
+
+    def _receive(self, exchange):
+        """Wait for an exchange's sums (the first, with --low-rank); the decoded control sum."""
         control = exchange.wait()
         self.round_waited += exchange.waited
         self.last_comm = exchange.seconds
-        if self.lowrank is not None:
-            self._second_factors()
+        return control
+
+    def _apply(self, control, t: int) -> None:
+        """Move g (and SCAFFOLD's c, the batch-norm statistics) by round t's sums."""
+        w = self.worker
         self.worker_ks = control.k          # every worker's k_i, for rank 0's TensorBoard
         if self.variate is not None:         # c <- c + mean of the changes of the c_i
             for c, total in zip(self.variate, self.variate_sum):
@@ -389,17 +413,24 @@ class ESync(Algorithm):
         self.dump("global", t, model=self.start)
         for p, total in zip(w.aux, self.aux_sum):
             p.set_data(total / w.num_workers)
-        return control
 
-    def _second_factors(self) -> None:
-        """--low-rank: the second exchange (each worker's ``M_i^T P^``), then the approximate
-        sums of the compressed deltas into ``delta_sum``; its time counts as the exchange's."""
+    def _start_second_factors(self, *, watch: bool) -> "InFlight":
+        """--low-rank: start the second exchange (each worker's ``M_i^T P^``); ``watch``: know
+        when it has arrived without waiting (--carry computes meanwhile)."""
         arrays, outs, keys = self.lowrank.second()
+        second = InFlight(outs)
+        self.worker.channel.start_push_pull(keys, arrays, outs)
+        if watch:
+            second.watch()
+        return second
+
+    def _finish_second_factors(self, second: "InFlight") -> None:
+        """Wait for the second exchange, then the approximate sums of the compressed deltas
+        into ``delta_sum``; its time counts as the exchange's."""
         began = time.perf_counter()
-        self.worker.channel.push_pull(keys, arrays, outs)
-        took = time.perf_counter() - began
-        self.round_waited += took
-        self.last_comm = (self.last_comm or 0.0) + took
+        second.wait()
+        self.round_waited += time.perf_counter() - began
+        self.last_comm = (self.last_comm or 0.0) + second.seconds
         self.lowrank.finish(self.delta_sum)
 
     def _move_to_aggregate(self, scale: float) -> None:
@@ -494,6 +525,55 @@ class ESync(Algorithm):
             self.client.close()
         if self.questions is not None:
             self.questions.shutdown(wait=False)
+
+
+class Carried:
+    """--carry: how many local iterations ran through this round's exchanges, and the local
+    model where the round had left it (copied before the first of them moves it; None when
+    the iterations do not move the model, as with --accumulate)."""
+
+    def __init__(self, weights):
+        self.weights = weights
+        self.count = 0
+        self.ends = None
+
+    def before_first_step(self) -> None:
+        if self.ends is None and self.weights is not None:
+            self.ends = [x.copy() for x in self.weights]
+
+
+class InFlight:
+    """Arrays being exchanged: ``is_set()`` once all have arrived (a watcher thread waits on
+    them; MXNet releases the GIL while it waits), ``seconds`` from the start to then."""
+
+    def __init__(self, outs: list):
+        self.outs = outs
+        self.started = time.perf_counter()
+        self.seconds = 0.0
+        self._arrived = threading.Event()
+        self._watcher = None
+
+    def watch(self) -> None:
+        self._watcher = threading.Thread(target=self._watch, name="esync-exchange-watch",
+                                         daemon=True)
+        self._watcher.start()
+
+    def _watch(self) -> None:
+        for out in self.outs:
+            out.wait_to_read()
+        self.seconds = time.perf_counter() - self.started
+        self._arrived.set()
+
+    def is_set(self) -> bool:
+        return self._arrived.is_set()
+
+    def wait(self) -> None:
+        for out in self.outs:
+            out.wait_to_read()
+        if self._watcher is not None:
+            self._watcher.join()
+        else:
+            self.seconds = time.perf_counter() - self.started
 
 
 class PlanReporter:
