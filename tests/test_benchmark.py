@@ -333,7 +333,7 @@ def test_aggregations_parse_into_row_names_labels_and_flags():
     assert (summed.slug, summed.label, summed.text) == (
         "sum-share1-accumulate", "sum, comm. share 1, gradients accumulated",
         "sum+share=1+accumulate")
-    assert summed.argv()[-3:] == ["--accumulate", "--comm-share", "1"]
+    assert summed.argv()[-4:] == ["--accumulate", "--no-carry", "--comm-share", "1"]
     for bad in ("mean+share=0", "mean+share=2", "mean+prox=-1", "mean+overlapping",
                 "mean+round=0", "mean+lowrank=0", "mean+lowrank=1.5"):
         with pytest.raises(options.UsageError, match="is not"):
@@ -346,7 +346,7 @@ def test_defaults(data_dir, tmp_path, full_launcher):
     assert (args.lr_grid, args.repeats, args.budget, args.tune_budget) == (
         [0.0003, 0.001, 0.003], 3, 40.0, 10.0)
     assert [a.slug for a in args.aggregation_list] == [
-        "weighted-nesterov0.9-gl0.7-share1", "weighted-nesterov0.9-gl0.7-share1-lowrank32"]
+        "weighted-nesterov0.9-gl0.7-share1", "weighted-nesterov0.9-gl0.7-share1-lowrank32-carry"]
     assert [a.slug for a in args.byclass_aggregation_list] == ["sum-share1-accumulate"]
     assert args.byclass_budget == 120.0
     assert (args.scenario_list, args.emulation, args.cpu_share) == (

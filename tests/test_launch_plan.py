@@ -392,6 +392,31 @@ def test_rounds_stretch_and_overlap_by_default_only_where_links_cost(
 
 
 @pytest.mark.parametrize("extra, want", [
+    ([], False),
+    (["--net", "netns"], False),
+    (["--net", "netns", "--bandwidth", "50mbit"], True),
+    (["--net", "netns", "--bandwidth", "50mbit", "--low-rank", "0"], False),
+    (["--net", "netns", "--bandwidth", "50mbit", "--no-carry"], False),
+    (["--net", "netns", "--bandwidth", "50mbit", "-s", "1"], False),
+    (["--net", "netns", "--bandwidth", "50mbit", "-m", "sync"], False),
+    (["--net", "netns", "--bandwidth", "50mbit", "--local-iters", "2"], False),
+    (["--carry"], True),
+], ids=["loopback", "netns-unshaped", "shaped-low-rank", "shaped-full-deltas-overlapped",
+        "user-no-carry", "shaped-by-class", "shaped-sync", "shaped-fixed-k", "user-loopback"])
+def test_fast_devices_carry_iterations_by_default_only_where_links_cost(
+        tmp_path, fashion_data_dir, extra, want):
+    """--carry where the exchange is long and not overlapped (the rank-32 default on links that
+    cost), never where something given excludes it or on by-class data; the workers are told."""
+    from esync.launch.flags import parse
+    args = parse(build_parser(), ["-ld", str(tmp_path), "-dd", str(fashion_data_dir),
+                                  "--workers", "2", *extra])
+    assert args.carry is want
+    if "--net" not in extra:         # what the workers are told (loopback plan: no root needed)
+        worker = next(s for s in LocalCluster(args, build_parser()).plan() if s.kind == "worker")
+        assert ("--carry" if want else "--no-carry") in worker.argv
+
+
+@pytest.mark.parametrize("extra, want", [
     ([], "float32"),
     (["--net", "netns"], "float32"),
     (["--net", "netns", "--bandwidth", "50mbit"], "float32"),

@@ -26,12 +26,13 @@ SCENARIOS = ("static", "shifting")
 # learning rate of 0.7 on the k-weighted average, rounds of one slowest iteration, no overlap
 # (docs/benchmark-loopback-rounds; the shifting scenario uses the first rule); then its choice on
 # shaped links: the same rule and rounds with the deltas as rank-32 PowerSGD factors
-# (docs/benchmark-lowrank-shaped-32). Each row runs on both kinds of link, so the report shows what
+# (docs/benchmark-lowrank-shaped-32), the fast devices computing through the exchange (--carry,
+# docs/benchmark-carry-shaped). Each row runs on both kinds of link, so the report shows what
 # each choice costs where it is not the default. The original's plain mean (slower than the
 # first row on both kinds of link in every earlier default benchmark) and fednova are left to
 # --aggregations, to keep the default within its time now that by-class rows run 120 s.
 DEFAULT_AGGREGATIONS = ("weighted+nesterov=0.9+gl=0.7+share=1,"
-                        "weighted+nesterov=0.9+gl=0.7+share=1+lowrank=32")
+                        "weighted+nesterov=0.9+gl=0.7+share=1+lowrank=32+carry")
 # ESync row of the by-class splits: the launcher's rule for -s 1, sum with the local iterations'
 # gradients accumulated at the round's model (--accumulate), rounds of one slowest iteration, no
 # overlap, no outer momentum (docs/benchmark-accumulate-s1; the same rule with local steps ended

@@ -32,7 +32,7 @@ CLUSTER_DEFAULTS = dict(network="lenet", cpu=1, learning_rate=CLUSTER_LR, local_
                         eval_duration=10, max_seconds=90.0, mode="esync",
                         aggregation=None, outer_momentum=None, nesterov=None, global_lr=None,
                         comm_share=None, max_round_seconds=5.0, overlap=None, comm_dtype=None,
-                        low_rank=None, accumulate=None)
+                        low_rank=None, accumulate=None, carry=None)
 # ESync's aggregation by data split, each the best ESync row of a repeated benchmark:
 # - i.i.d. (docs/benchmark/report.md): deltas weighted by k_i, DiLoCo's outer Nesterov momentum
 #   0.9 and outer learning rate 0.7;
@@ -95,6 +95,15 @@ COMM_DTYPE_SHAPED, COMM_DTYPE_FREE = "float16", "float32"
 # device alone 15.3 s (15.2-17.4): 1.72x. Left at 0 where the user asks for what it cannot run
 # with (--overlap, --comm-dtype float16, --scaffold, --collective allreduce).
 LOW_RANK_COSTLY_LINKS = 32
+# --carry on i.i.d. data over links that cost, where the exchange is long and not overlapped
+# (the rank-32 default): the fast devices compute through it. docs/benchmark-carry-shaped (3
+# repeats, 118 Mbit links, rank-32 deltas): 0.85 in 8.0 s (7.7-10.2) against 10.3 s (8.8-11.9),
+# 1.90x sooner than one device instead of 1.47x; the x1 devices compute 0.91 of the time instead
+# of 0.65. Off on free links, where it gained no time (docs/benchmark-carry-loopback: 8.0 s
+# (7.4-8.4) against 7.5 s (7.2-8.0), the x1 devices computing 0.91 instead of 0.81 of the time
+# but the exchange only 30 ms of a round), and on by-class data (not measured; every carried
+# iteration is one more step on one device's classes).
+CARRY_COSTLY_LINKS, CARRY_FREE_LINKS, CARRY_BY_CLASS = True, False, False
 STATE_SERVER_RESTARTS = 3        # a state server that keeps dying is a failure, not a blip
 DEFAULT_SLOWDOWN = "1,1,4,8"      # the emulated cluster: two fast, one 4x, one 8x slower
 LOCAL_ADDRESS = "127.0.0.1"       # the local backend's one host
@@ -168,6 +177,11 @@ def build_parser() -> argparse.ArgumentParser:
         f" (default by data split and link: {LOW_RANK_COSTLY_LINKS} for -m esync on i.i.d. "
         "data over shaped links or other machines' links, unless --overlap, --comm-dtype "
         "float16, --scaffold or --collective allreduce is given; 0 otherwise)")
+    parser._option_string_actions["--carry"].help += (
+        f" (default by data split and link: {'on' if CARRY_COSTLY_LINKS else 'off'} for -m "
+        "esync on i.i.d. data over shaped links or other machines' links, unless --overlap "
+        f"or --local-iters is given; {'on' if CARRY_FREE_LINKS else 'off'} over free links, "
+        f"{'on' if CARRY_BY_CLASS else 'off'} with -s 1 or -s 2)")
     local_iters = parser._option_string_actions["--local-iters"]
     local_iters.type, local_iters.default = local_iters_list, ()
     local_iters.help = ("fixed local iterations per round, bypassing the state server: one "
@@ -272,6 +286,10 @@ def parse(parser, argv) -> argparse.Namespace:
     if args.overlap is None:
         args.overlap = (OVERLAP_BY_CLASS if args.split_by_class
                         else OVERLAP_FREE_LINKS if cheap_exchange else OVERLAP_IID)
+    if args.carry is None:
+        wanted = (CARRY_BY_CLASS if args.split_by_class
+                  else CARRY_FREE_LINKS if free_links else CARRY_COSTLY_LINKS)
+        args.carry = wanted and cli.carry_conflict(args) is None
     if args.comm_dtype is None:
         args.comm_dtype = (COMM_DTYPE_SHAPED if shaped and args.mode == "esync"
                            and not args.low_rank else COMM_DTYPE_FREE)

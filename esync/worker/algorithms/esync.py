@@ -244,26 +244,20 @@ class ESync(Algorithm):
     def _aggregate(self, record, want_stop: bool) -> bool:
         if self.config.overlap:
             return self._aggregate_overlapped(record, want_stop)
-        if not self._may_carry(want_stop):
-            with record.phase("global update"):
-                deltas = self._round_deltas()
-                control = self._finish(self._send(deltas, want_stop), self.worker.round_no)
-                self._continue_from(None)
-            self.carried_in = 0
-            self._coordinate(record, control, self.worker.round_no)
-            return control.stop
-        # --carry: the same steps, with local iterations while each exchange is in flight
-        with record.phase("global update"):
-            exchange = self._send(self._round_deltas(), want_stop, watch=True)
+        carry = self._may_carry(want_stop)
         carried = Carried(self.weights if self.gradient_sum is None else None)
-        self._carry_through(lambda: exchange.seconds is not None, exchange.started, carried,
-                            record)
+        with record.phase("global update"):
+            exchange = self._send(self._round_deltas(), want_stop, watch=carry)
+        if carry:
+            self._carry_through(lambda: exchange.seconds is not None, exchange.started,
+                                carried, record)
         with record.phase("global update"):
             control = self._receive(exchange)
         if self.lowrank is not None:
             with record.phase("global update"):
-                second = self._start_second_factors(watch=True)
-            self._carry_through(second.is_set, second.started, carried, record)
+                second = self._start_second_factors(watch=carry)
+            if carry:
+                self._carry_through(second.is_set, second.started, carried, record)
             with record.phase("global update"):
                 self._finish_second_factors(second)
         with record.phase("global update"):
@@ -300,6 +294,7 @@ class ESync(Algorithm):
             self.local_iteration(record)
             carried.count += 1
         self.carried_seconds += time.perf_counter() - began
+
     def _aggregate_overlapped(self, record, want_stop: bool) -> bool:
         """--overlap: take round r-1's sums (in flight since then), send round r's, go on.
 
