@@ -14,6 +14,9 @@ The training loop (``esync.worker.trainer``) exists once; an algorithm only fill
     round_extras()            extra keys for this round's log
     global_model()            the shared model where it differs from the worker's parameters
 
+and the loop sets ``local_iteration`` (one more local iteration, logged into a round record),
+for an algorithm that computes while it exchanges (ESync's ``--carry``).
+
 ``Worker`` carries what every algorithm needs (network, parameters, KVStore channel, rank) and
 ``AlgorithmConfig`` the named values the algorithms read (never the whole command line).
 """
