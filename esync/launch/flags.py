@@ -179,8 +179,10 @@ def build_parser() -> argparse.ArgumentParser:
         "float16, --scaffold or --collective allreduce is given; 0 otherwise)")
     parser._option_string_actions["--carry"].help += (
         f" (default by data split and link: {'on' if CARRY_COSTLY_LINKS else 'off'} for -m "
-        "esync on i.i.d. data over shaped links or other machines' links, unless --overlap "
-        f"or --local-iters is given; {'on' if CARRY_FREE_LINKS else 'off'} over free links, "
+        "esync on i.i.d. data over shaped links or other machines' links where the exchange "
+        "is not overlapped (with the rank-32 deltas; --overlap, the default with --low-rank 0 "
+        f"there, and --local-iters exclude it); {'on' if CARRY_FREE_LINKS else 'off'} over "
+        "free links, "
         f"{'on' if CARRY_BY_CLASS else 'off'} with -s 1 or -s 2)")
     local_iters = parser._option_string_actions["--local-iters"]
     local_iters.type, local_iters.default = local_iters_list, ()
