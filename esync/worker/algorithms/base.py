@@ -238,14 +238,14 @@ class Algorithm:
         return PendingExchange(self, outs + [control_sum], started, watch=watch)
 
 
-class PendingExchange:
-    """An exchange under way. ``wait()`` blocks until the sums are in and decodes the control
-    sum; ``seconds`` is how long the exchange took from its push to the last sum's arrival
-    (measured by a watcher thread when started with ``watch``, else by ``wait``); ``waited``
-    how long ``wait`` blocked."""
+class ArraysInFlight:
+    """Arrays an exchange will fill. ``wait()`` blocks until they are in; ``seconds`` is how
+    long the exchange took from its start to the last one's arrival (measured by a watcher
+    thread when started with ``watch``, else by ``wait``; None before); ``waited`` how long
+    ``wait`` blocked; ``arrived()`` whether they are in, without waiting (needs ``watch``)."""
 
-    def __init__(self, algorithm: Algorithm, outs: list, started: float, *, watch: bool):
-        self.algorithm, self.outs, self.started = algorithm, outs, started
+    def __init__(self, outs: list, started: float, *, watch: bool):
+        self.outs, self.started = outs, started
         self.seconds: float | None = None
         self.waited = 0.0
         self._watcher = None
@@ -259,7 +259,10 @@ class PendingExchange:
             out.wait_to_read()            # MXNet releases the GIL while it waits
         self.seconds = time.perf_counter() - self.started
 
-    def wait(self) -> ControlSum:
+    def arrived(self) -> bool:
+        return self.seconds is not None
+
+    def wait(self) -> None:
         began = time.perf_counter()
         for out in self.outs:
             out.wait_to_read()
@@ -268,6 +271,18 @@ class PendingExchange:
             self._watcher.join()
         else:
             self.seconds = time.perf_counter() - self.started
+
+
+class PendingExchange(ArraysInFlight):
+    """An exchange of sums and the control vector under way; ``wait()`` also decodes the
+    control sum (the last array)."""
+
+    def __init__(self, algorithm: Algorithm, outs: list, started: float, *, watch: bool):
+        super().__init__(outs, started, watch=watch)
+        self.algorithm = algorithm
+
+    def wait(self) -> ControlSum:
+        super().wait()
         w = self.algorithm.worker
         summed = read_control(self.outs[-1].asnumpy(), w.num_workers)
         self.algorithm.global_samples = summed.samples

@@ -71,7 +71,7 @@ from mxnet import nd
 import esync.worker.algorithms.aggregate as aggregate
 from esync.worker.algorithms.lowrank import LowRankWire
 from esync.common.speeds import communication_threads
-from esync.worker.algorithms.base import Algorithm, datas
+from esync.worker.algorithms.base import Algorithm, ArraysInFlight, datas
 from esync.coordination.client import ReadinessAsker, SpeedAnnouncer, StateClient
 from esync.coordination.rules import RoundSizing
 
@@ -249,15 +249,14 @@ class ESync(Algorithm):
         with record.phase("global update"):
             exchange = self._send(self._round_deltas(), want_stop, watch=carry)
         if carry:
-            self._carry_through(lambda: exchange.seconds is not None, exchange.started,
-                                carried, record)
+            self._carry_through(exchange, carried, record)
         with record.phase("global update"):
             control = self._receive(exchange)
         if self.lowrank is not None:
             with record.phase("global update"):
                 second = self._start_second_factors(watch=carry)
             if carry:
-                self._carry_through(second.is_set, second.started, carried, record)
+                self._carry_through(second, carried, record)
             with record.phase("global update"):
                 self._finish_second_factors(second)
         with record.phase("global update"):
@@ -275,19 +274,19 @@ class ESync(Algorithm):
         return (cfg.carry and not want_stop and not cfg.local_iters
                 and self.local_iteration is not None and self.worker.round_k > 1)
 
-    def _carry_through(self, done, started: float, carried: "Carried", record) -> None:
-        """--carry: local iterations until ``done()`` (an exchange started at ``started`` has
-        its sums), from the local model where the round ended; they count in the next round's
-        delta (``_continue_from`` moves them onto the new global model). Under the dynamic
-        policy a carried iteration may end after the exchange: the server sizes the next round
-        from the slowest device's start, not from this one's. The planned policy's k_i fill the
-        round after the exchange, so there an iteration is started only if it should end within
-        the last exchange's time."""
+    def _carry_through(self, exchange: ArraysInFlight, carried: "Carried", record) -> None:
+        """--carry: local iterations until ``exchange`` (watched) has arrived, from the local
+        model where the round ended; they count in the next round's delta (``_continue_from``
+        moves them onto the new global model). Under the dynamic policy a carried iteration may
+        end after the exchange: the server sizes the next round from the slowest device's
+        start, not from this one's. The planned policy's k_i fill the round after the
+        exchange, so there an iteration is started only if it should end within the last
+        exchange's time."""
         w = self.worker
         began = time.perf_counter()
         planned = self.config.policy == "planned"
-        while not done():
-            if planned and (time.perf_counter() - started + w.round_c
+        while not exchange.arrived():
+            if planned and (time.perf_counter() - exchange.started + w.round_c
                             > (self.last_comm or 0.0)):
                 break
             carried.before_first_step()
@@ -409,22 +408,19 @@ class ESync(Algorithm):
         for p, total in zip(w.aux, self.aux_sum):
             p.set_data(total / w.num_workers)
 
-    def _start_second_factors(self, *, watch: bool) -> "InFlight":
+    def _start_second_factors(self, *, watch: bool) -> ArraysInFlight:
         """--low-rank: start the second exchange (each worker's ``M_i^T P^``); ``watch``: know
         when it has arrived without waiting (--carry computes meanwhile)."""
         arrays, outs, keys = self.lowrank.second()
-        second = InFlight(outs)
+        started = time.perf_counter()
         self.worker.channel.start_push_pull(keys, arrays, outs)
-        if watch:
-            second.watch()
-        return second
+        return ArraysInFlight(outs, started, watch=watch)
 
-    def _finish_second_factors(self, second: "InFlight") -> None:
+    def _finish_second_factors(self, second: ArraysInFlight) -> None:
         """Wait for the second exchange, then the approximate sums of the compressed deltas
         into ``delta_sum``; its time counts as the exchange's."""
-        began = time.perf_counter()
         second.wait()
-        self.round_waited += time.perf_counter() - began
+        self.round_waited += second.waited
         self.last_comm = (self.last_comm or 0.0) + second.seconds
         self.lowrank.finish(self.delta_sum)
 
@@ -535,40 +531,6 @@ class Carried:
     def before_first_step(self) -> None:
         if self.ends is None and self.weights is not None:
             self.ends = [x.copy() for x in self.weights]
-
-
-class InFlight:
-    """Arrays being exchanged: ``is_set()`` once all have arrived (a watcher thread waits on
-    them; MXNet releases the GIL while it waits), ``seconds`` from the start to then."""
-
-    def __init__(self, outs: list):
-        self.outs = outs
-        self.started = time.perf_counter()
-        self.seconds = 0.0
-        self._arrived = threading.Event()
-        self._watcher = None
-
-    def watch(self) -> None:
-        self._watcher = threading.Thread(target=self._watch, name="esync-exchange-watch",
-                                         daemon=True)
-        self._watcher.start()
-
-    def _watch(self) -> None:
-        for out in self.outs:
-            out.wait_to_read()
-        self.seconds = time.perf_counter() - self.started
-        self._arrived.set()
-
-    def is_set(self) -> bool:
-        return self._arrived.is_set()
-
-    def wait(self) -> None:
-        for out in self.outs:
-            out.wait_to_read()
-        if self._watcher is not None:
-            self._watcher.join()
-        else:
-            self.seconds = time.perf_counter() - self.started
 
 
 class PlanReporter:
