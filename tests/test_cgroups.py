@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -539,3 +540,26 @@ def test_factor_in_force_and_next_change():
         == [4, 4, 2, 2, 6, 6, 1, 1]
     assert [next_change(changes, t) for t in (0, 10, 29.5, 45)] == [10, 30, 30, None]
     assert factor_in_force([], 100, initial=3) == 3 and next_change([], 0) is None
+
+
+def test_the_host_thread_runs_jobs_outside_the_cap_and_hands_back_results_and_errors():
+    from esync.common import speeds
+    host = speeds.HostThread()
+    try:
+        assert host._thread.native_id in speeds._COMMUNICATION_THREADS   # join_cpu_cap skips it
+        assert host._thread.daemon                       # never holds a leaving worker
+        assert host.run(lambda a, b=0: (a + b, threading.get_native_id()), 2, b=3) == \
+            (5, host._thread.native_id)
+        with pytest.raises(ZeroDivisionError):
+            host.run(lambda: 1 / 0)
+        assert host.run(sum, [1, 2]) == 3                # an error does not end the thread
+    finally:
+        host.close()
+    host._thread.join(5)
+    assert not host._thread.is_alive()
+
+
+def test_cpu_capped_follows_the_launchers_variable():
+    from esync.common import speeds
+    assert speeds.cpu_capped({speeds.CPU_CGROUP_ENV: "/sys/fs/cgroup/cpu/esync-1.2.3/cpu0"})
+    assert not speeds.cpu_capped({})

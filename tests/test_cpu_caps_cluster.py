@@ -178,11 +178,11 @@ def test_the_cap_holds_a_workers_compute_and_not_its_communication(tmp_path, fas
         if controller.version != 1:
             assert "(every thread)" in log
             return
-        assert "(compute threads)" in log
+        assert "(compute threads; the aggregation's Python side on the host's thread)" in log
         busiest = max(threads, key=threads.get)
         assert pid in inside and busiest in inside, (threads, inside)
         outside = set(threads) - inside
-        assert len(outside) >= 2, (threads, inside)      # ps-lite's and ZeroMQ's threads
+        assert len(outside) >= 3, (threads, inside)      # ps-lite's, ZeroMQ's, the host's
     finally:
         launchers.remove_all()
 
@@ -214,3 +214,31 @@ def test_two_runs_give_the_same_device_to_shard_map(tmp_path, fashion_data_dir):
         maps.append({(log.parent.name, json.loads(log.read_text())["shard"])
                      for log in mode_dir.glob("*/cpu*/iter-1.txt")})
     assert maps[0] == maps[1] == {("cpu0", 0), ("cpu1", 1), ("cpu2", 2)}
+
+
+@ROOT_ONLY
+@pytest.mark.parametrize("mode", ["esync", "sync"])
+def test_capped_workers_aggregate_on_the_host_thread_with_the_same_arithmetic(tmp_path, mode):
+    """Under CPU caps each worker's aggregation runs from its host thread (outside the cap, as
+    its log says); the models are still exactly the rule's: ESync's rounds of two local steps
+    and SSGD's steps, replayed in-process on the same batches."""
+    _controller_or_skip()
+    from support import write_fashion_dir
+    from test_distributed import (BATCH, LR, ORIGINAL_MEAN, SEED, STEPS, assert_same_model,
+                                  final_checkpoint, original_esync, original_sync, replicas)
+    data = write_fashion_dir(tmp_path / "data", train_per_class=40, test_per_class=20)
+    rule = (["-ll", LR, "--local-iters", 2, "-gl", 1, *ORIGINAL_MEAN] if mode == "esync"
+            else ["-l", LR])
+    run_cluster(tmp_path / "logs", data, "-m", mode, *rule, "--workers", 2, "--slowdown", "1,2",
+                "--emulation", "cpu-cap", "--cpu-share", "0.4", "-b", BATCH,
+                "--max-rounds", STEPS, "-e", 1, "--max-seconds", 0, "--seed", SEED,
+                "--no-evaluator")
+    mode_dir = tmp_path / "logs" / "lenet" / mode
+    for device in ("cpu0", "cpu1"):
+        log = (mode_dir / "processes" / f"worker-{device}.log").read_text()
+        assert "training under the CPU cap" in log, log
+        if "(every thread)" not in log:                # cgroup v2: nothing runs outside
+            assert "the aggregation's Python side on the host's thread" in log, log
+    want = (original_esync(replicas(data), rounds=STEPS, local_iters=2, local_lr=LR)
+            if mode == "esync" else original_sync(replicas(data)))
+    assert_same_model(final_checkpoint(mode_dir), want)

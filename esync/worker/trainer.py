@@ -19,7 +19,7 @@ from esync.worker.checkpoint import CheckpointError, CheckpointStore
 from esync.common import runlayout
 from esync.common.errors import UsageError, guarded
 from esync.common.runlayout import EvaluationLog
-from esync.common.speeds import communication_threads, join_cpu_cap
+from esync.common.speeds import HostThread, communication_threads, cpu_capped, join_cpu_cap
 from esync.worker.evaluator import accuracy
 from esync.worker.kvstore import Channel, KeyMap, KVChannel, control_length, leave_job_at_once
 from esync.common.files import atomic_write_text
@@ -181,7 +181,8 @@ def train(args) -> int:
     trainable, aux = models.trainable_and_aux(net)
     worker = Worker(config=AlgorithmConfig.from_args(args), ctx=ctx, net=net,
                     trainable=trainable, aux=aux, channel=channel, rank=rank,
-                    num_workers=num_workers)
+                    num_workers=num_workers,
+                    host=HostThread() if cpu_capped() and channel is not None else None)
     device = _device_name(args, rank)
     writer = RoundLogWriter(runlayout.device_dir(folder, args.host_name, device), overwrite=args.overwrite,
                             resume=args.resume)
@@ -276,7 +277,9 @@ class TrainingLoop:
         args, w = self.args, self.w
         capped = join_cpu_cap()                    # the device's speed from here on
         if capped:
-            print(f"{self.prefix} training under the CPU cap of {capped[0]} ({capped[1]})",
+            host = ("; the aggregation's Python side on the host's thread"
+                    if w.host is not None and capped[1] == "compute threads" else "")
+            print(f"{self.prefix} training under the CPU cap of {capped[0]} ({capped[1]}{host})",
                   flush=True)
         last_c = self._warm_up()
         clock0 = time.perf_counter() - spent       # training clock: inline scoring is taken out
@@ -342,6 +345,8 @@ class TrainingLoop:
             if stop:
                 break
         self.algo.close()
+        if w.host is not None:
+            w.host.close()
         self._close_reports()
         if w.channel is not None:
             w.channel.finish()

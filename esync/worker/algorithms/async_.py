@@ -55,7 +55,8 @@ class AsyncSGD(Algorithm):
 
     def aggregate(self, record, want_stop: bool) -> bool:
         with record.phase("global aggregate"):
-            self.worker.channel.push_pull(self.worker.keys.trainable, self.grads, self.weights)
+            self.on_host(self.worker.channel.push_pull, self.worker.keys.trainable, self.grads,
+                         self.weights)
         return want_stop
 
 
@@ -70,16 +71,19 @@ class DCASGD(AsyncSGD):
         self.compensated = [nd.zeros_like(x) for x in self.weights]
 
     def aggregate(self, record, want_stop: bool) -> bool:
-        w = self.worker
         with record.phase("global aggregate"):
-            # self.weights is w_bak: the gradient was computed on it, it is what we last pulled.
-            w.channel.pull(w.keys.trainable, self.now)
-            for g, now, bak, out in zip(self.grads, self.now, self.weights, self.compensated):
-                out[:] = g + self.lamda * g * g * (now - bak)
-            self.dump("dcasgd", w.round_no, grad=self.grads, w_bak=self.weights, w_now=self.now,
-                      pushed=self.compensated)
-            w.channel.push_pull(w.keys.trainable, self.compensated, self.weights)   # next w_bak
+            self.on_host(self._compensate_and_push)
         return want_stop
+
+    def _compensate_and_push(self) -> None:
+        w = self.worker
+        # self.weights is w_bak: the gradient was computed on it, it is what we last pulled.
+        w.channel.pull(w.keys.trainable, self.now)
+        for g, now, bak, out in zip(self.grads, self.now, self.weights, self.compensated):
+            out[:] = g + self.lamda * g * g * (now - bak)
+        self.dump("dcasgd", w.round_no, grad=self.grads, w_bak=self.weights, w_now=self.now,
+                  pushed=self.compensated)
+        w.channel.push_pull(w.keys.trainable, self.compensated, self.weights)   # next w_bak
 
 
 class MXNetDCASGD(AsyncSGD):

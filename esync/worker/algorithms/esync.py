@@ -243,28 +243,37 @@ class ESync(Algorithm):
 
     def _aggregate(self, record, want_stop: bool) -> bool:
         if self.config.overlap:
-            return self._aggregate_overlapped(record, want_stop)
+            return self.on_host(self._aggregate_overlapped, record, want_stop)
         carry = self._may_carry(want_stop)
         carried = Carried(self.weights if self.gradient_sum is None else None)
+        # The arithmetic on the host's thread (Algorithm.on_host); carried iterations are the
+        # device's own computing and stay in the training thread.
         with record.phase("global update"):
-            exchange = self._send(self._round_deltas(), want_stop, watch=carry)
+            exchange = self.on_host(self._start_round_exchange, want_stop, carry)
         if carry:
             self._carry_through(exchange, carried, record)
         with record.phase("global update"):
-            control = self._receive(exchange)
+            control = self.on_host(self._receive, exchange)
         if self.lowrank is not None:
             with record.phase("global update"):
-                second = self._start_second_factors(watch=carry)
+                second = self.on_host(self._start_second_factors, watch=carry)
             if carry:
                 self._carry_through(second, carried, record)
             with record.phase("global update"):
-                self._finish_second_factors(second)
+                self.on_host(self._finish_second_factors, second)
         with record.phase("global update"):
-            self._apply(control, self.worker.round_no)
-            self._continue_from(None, carried_from=carried.ends)
+            self.on_host(self._end_round, control, carried)
         self.carried_in = carried.count
         self._coordinate(record, control, self.worker.round_no)
         return control.stop
+
+    def _start_round_exchange(self, want_stop: bool, watch: bool):
+        return self._send(self._round_deltas(), want_stop, watch=watch)
+
+    def _end_round(self, control, carried: "Carried") -> None:
+        """Move g by the round's sums; the next round starts from it (plus carried steps)."""
+        self._apply(control, self.worker.round_no)
+        self._continue_from(None, carried_from=carried.ends)
 
     def _may_carry(self, want_stop: bool) -> bool:
         """--carry, for a device that ran two or more iterations this round (at least twice as

@@ -21,13 +21,18 @@ class SyncSGD(Algorithm):
         self.aux_sum = [nd.zeros_like(x) for x in self.aux]
 
     def aggregate(self, record, want_stop: bool) -> bool:
-        w = self.worker
         with record.phase("global aggregate"):
-            # Pulling into the gradient buffers leaves the sum over all workers there.
-            stop = self.exchange(self.grads + self.aux, self.grads + self.aux_sum,
-                                 w.keys.trainable + w.keys.aux, want_stop).stop
-            for p, total in zip(w.aux, self.aux_sum):
-                p.set_data(total / w.num_workers)
+            stop = self.on_host(self._sum_gradients, want_stop)
         with record.phase("local update"):
-            self.trainer.step(w.num_workers)
+            self.trainer.step(self.worker.num_workers)
+        return stop
+
+    def _sum_gradients(self, want_stop: bool) -> bool:
+        """Pulling into the gradient buffers leaves the sum over all workers there; the
+        batch-norm statistics become their mean. Returns the stop vote's outcome."""
+        w = self.worker
+        stop = self.exchange(self.grads + self.aux, self.grads + self.aux_sum,
+                             w.keys.trainable + w.keys.aux, want_stop).stop
+        for p, total in zip(w.aux, self.aux_sum):
+            p.set_data(total / w.num_workers)
         return stop
