@@ -634,8 +634,10 @@ def test_low_rank_rounds_are_powersgd_with_error_feedback_on_the_workers_deltas(
 
 def _assert_carried_into_the_next_delta(logs, pushed, rounds, *, some=True):
     """--carry: the k each worker pushed in round t is its own iterations of round t plus those
-    it carried through round t-1's exchange, and (``some``) the fast worker (device cpu0)
-    carried iterations through some exchange."""
+    it carried through round t-1's exchange; a worker carries only through the exchange of a
+    round in which it ran two or more iterations (a round's slowest, with k = 1, never does: on
+    these millisecond iterations which worker that is varies with the machine's load), and
+    (``some``) the fast worker (device cpu0) carried iterations through some exchange."""
     for device in ("cpu0", "cpu1"):
         rows = logs[device]
         rank = rows[0]["rank"]
@@ -645,7 +647,8 @@ def _assert_carried_into_the_next_delta(logs, pushed, rounds, *, some=True):
     if some:
         assert any(r["carried_iterations"] for r in logs["cpu0"][:-1]), logs["cpu0"]
     assert logs["cpu0"][-1]["carried_iterations"] == 0       # nothing carried past the end
-    assert not any(r["carried_iterations"] for r in logs["cpu1"])   # the slowest never carries
+    for device in ("cpu0", "cpu1"):
+        assert all(r["k"] >= 2 for r in logs[device] if r["carried_iterations"]), logs[device]
 
 
 @pytest.mark.parametrize("variant", ["exchange-then-compute", "overlap", "carry",
