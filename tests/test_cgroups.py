@@ -553,9 +553,6 @@ def test_the_host_thread_runs_jobs_outside_the_cap_and_hands_back_results_and_er
         with pytest.raises(ZeroDivisionError):
             host.run(lambda: 1 / 0)
         assert host.run(sum, [1, 2]) == 3                # an error does not end the thread
-        before = host.cpu_seconds
-        host.run(lambda: sum(range(3_000_000)))         # its CPU time, left out of cpu_time
-        assert host.cpu_seconds - before > 0.01
     finally:
         host.close()
     host._thread.join(5)

@@ -15,7 +15,6 @@ import os
 import queue
 import re
 import threading
-import time
 from concurrent.futures import Future
 
 from esync.common.errors import UsageError
@@ -64,7 +63,6 @@ class HostThread:
     A daemon: a worker that leaves at once is not held up by it."""
 
     def __init__(self):
-        self.cpu_seconds = 0.0              # CPU time its jobs took: outside the cap's ration
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         with communication_threads():
             self._thread = threading.Thread(target=self._serve, name="esync-host", daemon=True)
@@ -84,15 +82,10 @@ class HostThread:
     def _serve(self) -> None:
         while (item := self._jobs.get()) is not None:
             job, fn, args, kwargs = item
-            began = time.thread_time()
             try:
-                result = fn(*args, **kwargs)
+                job.set_result(fn(*args, **kwargs))
             except BaseException as exc:            # raised again in the waiting caller
-                self.cpu_seconds += time.thread_time() - began
                 job.set_exception(exc)
-            else:
-                self.cpu_seconds += time.thread_time() - began
-                job.set_result(result)
 
 
 def cpu_capped(environ=os.environ) -> bool:

@@ -276,11 +276,9 @@ class TrainingLoop:
     def run(self, done_rounds: int, spent: float, samples: int) -> int:
         args, w = self.args, self.w
         capped = join_cpu_cap()                    # the device's speed from here on
-        if w.host is not None and (not capped or capped[1] != "compute threads"):
-            w.host.close()                         # capped with the rest (v2): of no use
-            w.host = None
         if capped:
-            host = "; the aggregation's Python side on the host's thread" if w.host else ""
+            host = ("; the aggregation's Python side on the host's thread"
+                    if w.host is not None and capped[1] == "compute threads" else "")
             print(f"{self.prefix} training under the CPU cap of {capped[0]} ({capped[1]}{host})",
                   flush=True)
         last_c = self._warm_up()
@@ -327,10 +325,8 @@ class TrainingLoop:
                 "bytes_pushed": pushed - pushed0, "bytes_pulled": pulled - pulled0,
                 "slowdown": slowdown, "emulation": args.emulation,
                 "rank": w.rank, "shard": self.shard,
-                # the process's CPU seconds so far, the host thread's left out: what a CPU cap
-                # rations
-                "cpu_time": round(time.process_time() - (w.host.cpu_seconds if w.host else 0.0),
-                                  4),
+                # the process's CPU seconds so far: what a CPU cap rations (all threads)
+                "cpu_time": round(time.process_time(), 4),
                 "state_requests": self.algo.state_requests() - requests0,
                 "train_loss": round(loss, 5),
                 # total_time is the training time; wall_time adds inline scoring (standalone)
