@@ -58,7 +58,7 @@ def esync_with_client(monkeypatch):
     algo.worker = SimpleNamespace(rank=1)
     algo.client = SimpleNamespace(hello=lambda rank, **fields: hellos.append((rank, fields)),
                                   close=lambda: None)
-    algo.reporter = algo.speed_announcer = algo.where = None
+    algo.reporter = algo.speed_announcer = algo.where = algo.questions = None
     return algo, hellos
 
 

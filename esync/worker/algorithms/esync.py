@@ -64,6 +64,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from mxnet import nd
 
@@ -107,15 +108,21 @@ class ESync(Algorithm):
         self.last_comm = 0.0                 # seconds the last finished exchange took
         self.last_overhead = 0.0             # seconds the last aggregation computed (not waited)
         self.round_waited = 0.0              # this aggregation's blocking waits so far
+        self.questions = None                # dynamic policy: the thread that asks the server
         self.carried_in = 0                  # --carry: iterations of this round run during the
                                              # last exchange (part of this round's delta)
         self.carried_seconds = 0.0           # --carry: how long they took
         if cfg.local_iters:
             return
         self.client = StateClient(cfg.state_url, job=cfg.job, token=cfg.state_token)
-        # The dynamic policy's questions leave from the host's thread where the device's CPU
-        # is capped (Algorithm.on_host): HTTP and JSON are the host's work, not the device's.
-        self.asker = ReadinessAsker(self.client, w.rank, call=self.on_host)
+        if cfg.policy == "dynamic":
+            # The dynamic policy's questions leave from a thread outside the device's CPU cap:
+            # HTTP and JSON are the host's work, as on a real GPU host, not the device's.
+            with communication_threads():
+                self.questions = ThreadPoolExecutor(1, thread_name_prefix="esync-questions")
+                self.questions.submit(int).result()       # the thread starts now, uncapped
+        self.asker = ReadinessAsker(self.client, w.rank,
+                                    call=self._ask if self.questions is not None else None)
         if w.rank == 0:
             # Before the KVStore barrier in init: no worker reports before the job exists.
             self.client.init(w.num_workers, epsilon=cfg.epsilon, policy=cfg.policy,
@@ -192,6 +199,9 @@ class ESync(Algorithm):
                 StateClient(cfg.state_url, job=cfg.job, token=cfg.state_token),
                 self.worker.rank, host=host, device=device)
         self.speed_announcer.changed(slowdown)
+
+    def _ask(self, fn, *args):
+        return self.questions.submit(fn, *args).result()
 
     def continue_local(self, k: int, last_c: float, record) -> bool:
         cfg, w = self.config, self.worker
@@ -513,6 +523,8 @@ class ESync(Algorithm):
             self.reporter.close()
         if self.client is not None:
             self.client.close()
+        if self.questions is not None:
+            self.questions.shutdown(wait=False)
 
 
 class Carried:
