@@ -559,6 +559,25 @@ def test_the_host_thread_runs_jobs_outside_the_cap_and_hands_back_results_and_er
     assert not host._thread.is_alive()
 
 
+def test_the_cpu_a_cap_rations_leaves_out_the_threads_outside_it():
+    """Round logs' cpu_time under a cap: a busy host thread (outside the cap) adds nothing, the
+    capped thread's own work counts."""
+    from esync.common import speeds
+    host = speeds.HostThread()
+    try:
+        host.run(int)                                    # the thread exists and is recorded
+        whole, capped = time.process_time(), speeds.cpu_seconds_under_cap()
+        host.run(lambda: sum(range(12_000_000)))         # ~0.3 s outside the cap
+        outside = time.process_time() - whole
+        assert outside > 0.1
+        assert speeds.cpu_seconds_under_cap() - capped < 0.3 * outside
+        capped = speeds.cpu_seconds_under_cap()
+        sum(range(12_000_000))                           # the same work in this thread
+        assert speeds.cpu_seconds_under_cap() - capped > 0.5 * outside
+    finally:
+        host.close()
+
+
 def test_cpu_capped_follows_the_launchers_variable():
     from esync.common import speeds
     assert speeds.cpu_capped({speeds.CPU_CGROUP_ENV: "/sys/fs/cgroup/cpu/esync-1.2.3/cpu0"})

@@ -15,6 +15,7 @@ import os
 import queue
 import re
 import threading
+import time
 from concurrent.futures import Future
 
 from esync.common.errors import UsageError
@@ -47,6 +48,28 @@ def communication_threads():
         yield
     finally:
         _COMMUNICATION_THREADS.update(thread_ids() - before)
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _thread_cpu_seconds(tid: int) -> float:
+    """CPU seconds (user + system) of one of this process's threads; 0 once it has ended."""
+    try:
+        with open(f"/proc/self/task/{tid}/stat") as stat:
+            fields = stat.read().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS     # utime, stime
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def cpu_seconds_under_cap() -> float:
+    """This process's CPU seconds, less those of the threads ``join_cpu_cap`` leaves out of the
+    cap (communication, the host thread): what the device's cap rations. Round logs record it,
+    so that a capped device's compute rate can be read against its cap; the threads outside it
+    would make a slow device look faster than its factor. (A thread outside that has ended
+    stops being subtracted; none ends before the worker does.)"""
+    return time.process_time() - sum(_thread_cpu_seconds(t) for t in _COMMUNICATION_THREADS)
 
 
 class HostThread:

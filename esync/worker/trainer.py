@@ -19,7 +19,8 @@ from esync.worker.checkpoint import CheckpointError, CheckpointStore
 from esync.common import runlayout
 from esync.common.errors import UsageError, guarded
 from esync.common.runlayout import EvaluationLog
-from esync.common.speeds import HostThread, communication_threads, cpu_capped, join_cpu_cap
+from esync.common.speeds import (HostThread, communication_threads, cpu_capped,
+                                 cpu_seconds_under_cap, join_cpu_cap)
 from esync.worker.evaluator import accuracy
 from esync.worker.kvstore import Channel, KeyMap, KVChannel, control_length, leave_job_at_once
 from esync.common.files import atomic_write_text
@@ -276,6 +277,10 @@ class TrainingLoop:
     def run(self, done_rounds: int, spent: float, samples: int) -> int:
         args, w = self.args, self.w
         capped = join_cpu_cap()                    # the device's speed from here on
+        # CPU seconds the cap rations: where only compute threads joined it, the threads left
+        # outside (communication, the host thread) are not counted
+        cpu_clock = (cpu_seconds_under_cap if capped and capped[1] == "compute threads"
+                     else time.process_time)
         if capped:
             host = ("; the aggregation's Python side on the host's thread"
                     if w.host is not None and capped[1] == "compute threads" else "")
@@ -325,8 +330,8 @@ class TrainingLoop:
                 "bytes_pushed": pushed - pushed0, "bytes_pulled": pulled - pulled0,
                 "slowdown": slowdown, "emulation": args.emulation,
                 "rank": w.rank, "shard": self.shard,
-                # the process's CPU seconds so far: what a CPU cap rations (all threads)
-                "cpu_time": round(time.process_time(), 4),
+                # the process's CPU seconds so far that a CPU cap rations (see cpu_clock)
+                "cpu_time": round(cpu_clock(), 4),
                 "state_requests": self.algo.state_requests() - requests0,
                 "train_loss": round(loss, 5),
                 # total_time is the training time; wall_time adds inline scoring (standalone)
