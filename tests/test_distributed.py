@@ -439,8 +439,10 @@ def test_dcasgd_two_workers_push_the_published_compensation(tmp_path, small_data
                 stale += 1
                 compensation.append(_rel_error(d["pushed"], g))
     # Stale steps occurred and their compensation is far above the tolerance: pushing g alone
-    # (plain ASGD) or compensating with another difference would fail the check above.
-    assert stale >= 3 and plain_sgd_steps >= 3, (stale, plain_sgd_steps)
+    # (plain ASGD) or compensating with another difference would fail the check above. Steps
+    # with no push in between (the server's SGD seen alone) depend on the interleaving: 2 of 18
+    # in a fresh-clone run; one suffices to check the server's rule (a wrong rate gives none).
+    assert stale >= 3 and plain_sgd_steps >= 1, (stale, plain_sgd_steps)
     assert max(compensation) > 1e-2, compensation
 
 
