@@ -319,6 +319,9 @@ class TrainingLoop:
             clock0 += record.seconds("evaluation")   # standalone: scoring is not training time
             self.clock0 = clock0
             elapsed = time.perf_counter() - clock0
+            if acc is not None:
+                # the next score is due 9x this one's duration after the time this round logs
+                self.last_eval = (elapsed, record.seconds("evaluation"))
             wall = time.perf_counter() - wall0
             pushed, pulled = w.channel.counters() if w.channel else (0, 0)
             compute = record.seconds(*COMPUTE_PHASES)
@@ -478,7 +481,6 @@ class TrainingLoop:
         with record.phase("evaluation"):
             acc = accuracy(self.w.net, images, labels, self.w.ctx,
                            models.input_size(self.args.network))
-        self.last_eval = (elapsed, record.seconds("evaluation"))
         self.evaluations.append({"round": round_no, "total_time": round(elapsed, 6),
                                  "accuracy": round(acc, 5),
                                  "samples": round_no * self.args.batch_size})
