@@ -346,7 +346,8 @@ def test_defaults(data_dir, tmp_path, full_launcher):
     assert (args.lr_grid, args.repeats, args.budget, args.tune_budget) == (
         [0.0003, 0.001, 0.003], 3, 40.0, 10.0)
     assert [a.slug for a in args.aggregation_list] == [
-        "weighted-nesterov0.9-gl0.7-share1", "weighted-nesterov0.9-gl0.7-share1-lowrank32-carry"]
+        "weighted-nesterov0.9-gl0.7-share1-carry",
+        "weighted-nesterov0.9-gl0.7-share1-lowrank32-carry"]
     assert [a.slug for a in args.byclass_aggregation_list] == ["sum-share1-accumulate"]
     assert args.byclass_budget == 120.0
     assert (args.scenario_list, args.emulation, args.cpu_share) == (
@@ -1106,10 +1107,10 @@ def test_shifting_rows_slow_the_second_fast_device_halfway(data_dir, tmp_path, f
     rows = plan.rows(args)
     shifting = [r for r in rows if r.scenario == "shifting"]
     assert [(r.name, r.group) for r in shifting] == [
-        ("esync-weighted-nesterov0.9-gl0.7-share1-dynamic",
-         "esync-weighted-nesterov0.9-gl0.7-share1"),
-        ("esync-weighted-nesterov0.9-gl0.7-share1-planned",
-         "esync-weighted-nesterov0.9-gl0.7-share1"),
+        ("esync-weighted-nesterov0.9-gl0.7-share1-carry-dynamic",
+         "esync-weighted-nesterov0.9-gl0.7-share1-carry"),
+        ("esync-weighted-nesterov0.9-gl0.7-share1-carry-planned",
+         "esync-weighted-nesterov0.9-gl0.7-share1-carry"),
         ("sync", "sync"), ("async", "async")]
     lrs = {r.group: 0.001 * (i + 1) for i, r in enumerate(rows)}
     jobs = [j for j in plan.full_jobs(args, tmp_path, rows, plan.settings(args, RATES), lrs)

@@ -481,7 +481,8 @@ def test_default_share_fits_the_caps_and_the_reserve_in_the_cores():
     assert default_share([4, 8], cores=2) == 1.0                  # never above one core
     assert default_share([1], cores=2, reserve=0) == 1.0
     assert default_share([1, 1, 1], cores=2, reserve=0.5) == pytest.approx(0.5)
-    assert default_share([1, 2], cores=1) == pytest.approx(0.5 / 1.5)   # default reserve 0.5
+    assert default_share([1, 2], cores=1.5) == pytest.approx(0.7 / 1.5)   # default reserve 0.8
+    assert round(default_share([1, 1, 4, 8], cores=2), 3) == 0.505
 
 
 @pytest.mark.parametrize("factors, cores, reserve, message", [

@@ -392,8 +392,8 @@ def test_rounds_stretch_and_overlap_by_default_only_where_links_cost(
 
 
 @pytest.mark.parametrize("extra, want", [
-    ([], False),
-    (["--net", "netns"], False),
+    ([], True),
+    (["--net", "netns"], True),
     (["--net", "netns", "--bandwidth", "50mbit"], True),
     (["--net", "netns", "--bandwidth", "50mbit", "--low-rank", "0"], False),
     (["--net", "netns", "--bandwidth", "50mbit", "--no-carry"], False),
@@ -401,12 +401,16 @@ def test_rounds_stretch_and_overlap_by_default_only_where_links_cost(
     (["--net", "netns", "--bandwidth", "50mbit", "-m", "sync"], False),
     (["--net", "netns", "--bandwidth", "50mbit", "--local-iters", "2"], False),
     (["--carry"], True),
+    (["--no-carry"], False),
+    (["-s", "2"], False),
 ], ids=["loopback", "netns-unshaped", "shaped-low-rank", "shaped-full-deltas-overlapped",
-        "user-no-carry", "shaped-by-class", "shaped-sync", "shaped-fixed-k", "user-loopback"])
-def test_fast_devices_carry_iterations_by_default_only_where_links_cost(
+        "user-no-carry", "shaped-by-class", "shaped-sync", "shaped-fixed-k", "user-loopback",
+        "user-no-carry-loopback", "loopback-by-class"])
+def test_fast_devices_carry_iterations_by_default_where_the_exchange_is_not_overlapped(
         tmp_path, fashion_data_dir, extra, want):
-    """--carry where the exchange is long and not overlapped (the rank-32 default on links that
-    cost), never where something given excludes it or on by-class data; the workers are told."""
+    """--carry on i.i.d. data wherever the exchange is not overlapped (free links; the rank-32
+    default on links that cost), never where something given excludes it or on by-class data;
+    the workers are told."""
     from esync.launch.flags import parse
     args = parse(build_parser(), ["-ld", str(tmp_path), "-dd", str(fashion_data_dir),
                                   "--workers", "2", *extra])

@@ -23,15 +23,15 @@ EMULATIONS = ("auto", "cpu-cap", "sleep")
 SCENARIOS = ("static", "shifting")
 # ESync aggregation rows of the default benchmark (i.i.d. data): the launcher's defaults, one per
 # kind of link. First its choice on free links: DiLoCo's outer Nesterov momentum 0.9 with an outer
-# learning rate of 0.7 on the k-weighted average, rounds of one slowest iteration, no overlap
-# (docs/benchmark-loopback-rounds; the shifting scenario uses the first rule); then its choice on
-# shaped links: the same rule and rounds with the deltas as rank-32 PowerSGD factors
-# (docs/benchmark-lowrank-shaped-32), the fast devices computing through the exchange (--carry,
-# docs/benchmark-carry-shaped). Each row runs on both kinds of link, so the report shows what
+# learning rate of 0.7 on the k-weighted average, rounds of one slowest iteration, no overlap,
+# the fast devices computing through the exchange (--carry; docs/benchmark-loopback-rounds,
+# docs/benchmark-carry-loopback-0.5; the shifting scenario uses the first rule); then its choice
+# on shaped links: the same with the deltas as rank-32 PowerSGD factors
+# (docs/benchmark-lowrank-shaped-32, docs/benchmark-carry-shaped). Each row runs on both kinds of link, so the report shows what
 # each choice costs where it is not the default. The original's plain mean (slower than the
 # first row on both kinds of link in every earlier default benchmark) and fednova are left to
 # --aggregations, to keep the default within its time now that by-class rows run 120 s.
-DEFAULT_AGGREGATIONS = ("weighted+nesterov=0.9+gl=0.7+share=1,"
+DEFAULT_AGGREGATIONS = ("weighted+nesterov=0.9+gl=0.7+share=1+carry,"
                         "weighted+nesterov=0.9+gl=0.7+share=1+lowrank=32+carry")
 # ESync row of the by-class splits: the launcher's rule for -s 1, sum with the local iterations'
 # gradients accumulated at the round's model (--accumulate), rounds of one slowest iteration, no
@@ -454,7 +454,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--cpu-share", type=positive_float, default=None,
                    help="cores given to a x1 device under cpu-cap (a xF device gets S/F); "
                         "default: the launcher's (the largest that fits the machine's cores "
-                        "with half a core to spare)")
+                        "with 0.8 of a core to spare)")
     o = parser.add_argument_group("output")
     o.add_argument("--dry-run", action="store_true",
                    help="print the plan (runs, commands, the time estimate) and exit")

@@ -108,10 +108,13 @@ MIN_CORES = MIN_QUOTA_US / MAX_PERIOD_US
 
 # CPU left to the processes that are not workers: the parameter server (it sums every push and
 # answers every pull), the ps-lite scheduler (idle after the rendezvous), the evaluator (runs a
-# test pass every few seconds) and the state server (small HTTP requests). Half a core keeps
-# them from becoming the bottleneck on a 2-core machine while leaving 1.5 cores to the workers;
-# the quotas are caps, not reservations, so whatever the others leave unused is simply idle.
-DEFAULT_RESERVE = 0.5
+# test pass every few seconds) and the state server (small HTTP requests), and the workers'
+# threads outside their caps (ps-lite's, ZeroMQ's, the host thread that does the aggregation's
+# arithmetic). Measured side by side on 2 cores with the default 1, 1, 4, 8 (docs/RESULTS.md, "A
+# larger reserve"): with half a core left (a x1 device at 0.63) a x1 device trained at 0.82 of
+# the same device alone, with 0.81 left (0.5) at 0.90, with 1.05 left (0.4) at 0.87. The quotas
+# are caps, not reservations: whatever the others leave unused is simply idle.
+DEFAULT_RESERVE = 0.8
 
 # How much a launcher's groups weigh against an ordinary process when they want CPU at the same
 # moment (cpu.shares in v1, where an ordinary process is 1024; cpu.weight in v2, where it is
@@ -649,7 +652,7 @@ def default_share(factors, cores: float, reserve: float = DEFAULT_RESERVE) -> fl
     """The largest share s <= 1.0 of a core for a x1 device such that the caps ``s / F_i`` of
     all devices plus ``reserve`` fit in ``cores``: sum(s / F_i) + reserve <= cores.
 
-    Factors 1, 1, 4, 8 on 2 cores with reserve 0.5: s = 1.5 / (1 + 1 + 0.25 + 0.125) = 0.63.
+    Factors 1, 1, 4, 8 on 2 cores with the default reserve 0.8: s = 1.2 / 2.375 = 0.505.
     With a speed schedule pass each device's smallest factor, so the caps fit at every moment.
     """
     factors = list(factors)

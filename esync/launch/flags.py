@@ -95,15 +95,16 @@ COMM_DTYPE_SHAPED, COMM_DTYPE_FREE = "float16", "float32"
 # device alone 15.3 s (15.2-17.4): 1.72x. Left at 0 where the user asks for what it cannot run
 # with (--overlap, --comm-dtype float16, --scaffold, --collective allreduce).
 LOW_RANK_COSTLY_LINKS = 32
-# --carry on i.i.d. data over links that cost, where the exchange is long and not overlapped
-# (the rank-32 default): the fast devices compute through it. docs/benchmark-carry-shaped (3
-# repeats, 118 Mbit links, rank-32 deltas): 0.85 in 8.0 s (7.7-10.2) against 10.3 s (8.8-11.9),
-# 1.90x sooner than one device instead of 1.47x; the x1 devices compute 0.91 of the time instead
-# of 0.65. Off on free links, where it gained no time (docs/benchmark-carry-loopback: 8.0 s
-# (7.4-8.4) against 7.5 s (7.2-8.0), the x1 devices computing 0.91 instead of 0.81 of the time
-# but the exchange only 30 ms of a round), and on by-class data (not measured; every carried
-# iteration is one more step on one device's classes).
-CARRY_COSTLY_LINKS, CARRY_FREE_LINKS, CARRY_BY_CLASS = True, False, False
+# --carry on i.i.d. data wherever the exchange is not overlapped: the fast devices compute
+# through it. docs/benchmark-carry-shaped (3 repeats, 118 Mbit links, rank-32 deltas): 0.85 in
+# 8.0 s (7.7-10.2) against 10.3 s (8.8-11.9), 1.90x sooner than one device instead of 1.47x; the
+# x1 devices compute 0.91 of the time instead of 0.65. On free links it gained nothing while the
+# x1 devices had 0.63 of a core and the rest of the job half a core (docs/benchmark-carry-
+# loopback); with the 0.8-core reserve (a x1 device at 0.5) it does: docs/benchmark-carry-
+# loopback-0.5, 0.85 in 13.2 s (12.6-15.5) against 14.4 s (14.2-14.9), a x1 device at 0.97 of one
+# device alone instead of 0.89, the cluster at 0.95 of its limit instead of 0.87. Off on by-class
+# data (not measured; every carried iteration is one more step on one device's classes).
+CARRY_COSTLY_LINKS, CARRY_FREE_LINKS, CARRY_BY_CLASS = True, True, False
 STATE_SERVER_RESTARTS = 3        # a state server that keeps dying is a failure, not a blip
 DEFAULT_SLOWDOWN = "1,1,4,8"      # the emulated cluster: two fast, one 4x, one 8x slower
 LOCAL_ADDRESS = "127.0.0.1"       # the local backend's one host
@@ -178,12 +179,11 @@ def build_parser() -> argparse.ArgumentParser:
         "data over shaped links or other machines' links, unless --overlap, --comm-dtype "
         "float16, --scaffold or --collective allreduce is given; 0 otherwise)")
     parser._option_string_actions["--carry"].help += (
-        f" (default by data split and link: {'on' if CARRY_COSTLY_LINKS else 'off'} for -m "
-        "esync on i.i.d. data over shaped links or other machines' links where the exchange "
-        "is not overlapped (with the rank-32 deltas; --overlap, the default with --low-rank 0 "
-        f"there, and --local-iters exclude it); {'on' if CARRY_FREE_LINKS else 'off'} over "
-        "free links, "
-        f"{'on' if CARRY_BY_CLASS else 'off'} with -s 1 or -s 2)")
+        f" (default by data split and link: {'on' if CARRY_FREE_LINKS else 'off'} for -m "
+        f"esync on i.i.d. data over free links, {'on' if CARRY_COSTLY_LINKS else 'off'} over "
+        "shaped links or other machines' links where the exchange is not overlapped (with the "
+        "rank-32 deltas; --overlap, the default with --low-rank 0 there, and --local-iters "
+        f"exclude it); {'on' if CARRY_BY_CLASS else 'off'} with -s 1 or -s 2)")
     local_iters = parser._option_string_actions["--local-iters"]
     local_iters.type, local_iters.default = local_iters_list, ()
     local_iters.help = ("fixed local iterations per round, bypassing the state server: one "
@@ -215,9 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                       must="a number of cores in [0.001, 64]"),
                    default=None,
                    help="cores given to a x1 device under cpu-cap (a xF device gets share/F); "
-                        "default: the most that lets every device's cap plus a reserve of half "
-                        "a core for the parameter server, scheduler, evaluator and state server "
-                        "fit this machine's cores")
+                        "default: the most that lets every device's cap plus a reserve of 0.8 "
+                        "of a core for the parameter server, scheduler, evaluator and state "
+                        "server fit this machine's cores")
     e.add_argument("--speed-schedule", default=None, metavar="SPEC",
                    help="devices whose speed changes during training: DEVICE:FACTOR@SECONDS,..."
                         "[;DEVICE:...], e.g. 'cpu1:1@0,6@30' (cpu1 becomes 6x slower at 30 s "
