@@ -27,8 +27,8 @@ SCENARIOS = ("static", "shifting")
 # the fast devices computing through the exchange (--carry; docs/benchmark-loopback-rounds,
 # docs/benchmark-carry-loopback-0.5; the shifting scenario uses the first rule); then its choice
 # on shaped links: the same with the deltas as rank-32 PowerSGD factors
-# (docs/benchmark-lowrank-shaped-32, docs/benchmark-carry-shaped). Each row runs on both kinds of link, so the report shows what
-# each choice costs where it is not the default. The original's plain mean (slower than the
+# (docs/benchmark-lowrank-shaped-32, docs/benchmark-carry-shaped). Each row runs on both kinds
+# of link, so the report shows what each choice costs where it is not the default. The original's plain mean (slower than the
 # first row on both kinds of link in every earlier default benchmark) and fednova are left to
 # --aggregations, to keep the default within its time now that by-class rows run 120 s.
 DEFAULT_AGGREGATIONS = ("weighted+nesterov=0.9+gl=0.7+share=1+carry,"

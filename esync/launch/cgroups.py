@@ -111,7 +111,7 @@ MIN_CORES = MIN_QUOTA_US / MAX_PERIOD_US
 # test pass every few seconds) and the state server (small HTTP requests), and the workers'
 # threads outside their caps (ps-lite's, ZeroMQ's, the host thread that does the aggregation's
 # arithmetic). Measured side by side on 2 cores with the default 1, 1, 4, 8 (docs/RESULTS.md, "A
-# larger reserve"): with half a core left (a x1 device at 0.63) a x1 device trained at 0.82 of
+# larger reserve" and "The reserve sized"): with half a core left (a x1 device at 0.63) a x1 device trained at 0.82 of
 # the same device alone, with 0.81 left (0.5) at 0.90, with 1.05 left (0.4) at 0.87. The quotas
 # are caps, not reservations: whatever the others leave unused is simply idle.
 DEFAULT_RESERVE = 0.8
