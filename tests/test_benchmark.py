@@ -3,6 +3,7 @@ estimate), tuning, the statistics over repeats (median, min–max, overlaps, Tab
 numbers, the report on synthetic logs, and short real runs (a local cluster for esync and sync
 plus standalone SGD; a tuning grid on standalone SGD) whose report is checked against the logs.
 No wall-clock time is asserted."""
+import argparse
 import csv
 import json
 import os
@@ -487,10 +488,11 @@ def test_standalone_runs_with_one_thread():
 
 # ----------------------------------------------------------------------------- tuning choice
 
-def synthetic_job(tmp_path, group, lr, accuracy_shift, *, mode="sync", ok=True):
+def synthetic_job(tmp_path, group, lr, accuracy_shift, *, mode="sync", ok=True, budget=1):
     row = plan.Row(name=group, label=group, mode=mode, split=0, group=group)
     job = plan.Job(row=row, setting=plan.Setting("loopback", "loopback"), rep=0, lr=lr,
-                   root=tmp_path, folder=tmp_path, argv=[], log=tmp_path / "x.log", budget=1)
+                   root=tmp_path, folder=tmp_path, argv=[], log=tmp_path / "x.log",
+                   budget=budget)
     if ok:
         root = tmp_path / f"{group}-{lr}"
         job.summary = summary_mod.summarize(
@@ -591,6 +593,48 @@ def test_by_class_rows_are_tuned_over_their_own_grid_and_widen_by_its_step(data_
     same = args_for(data_dir, tmp_path, "--tune-lr", "0.01,0.02", "--byclass-tune-lr", "same")
     assert same.byclass_lr_grid == same.lr_grid == [0.01, 0.02]
     assert args_for(data_dir, tmp_path, "--tune-lr", "none").byclass_lr_grid is None
+
+
+def test_a_by_class_row_whose_short_runs_stay_at_chance_runs_its_best_rates_longer(
+        data_dir, tmp_path, full_launcher):
+    args = args_for(data_dir, tmp_path, "--modes", "sync,async", "--tune-lr", "0.001,0.003",
+                    "--byclass-tune-lr", "0.0001,0.0003,0.001")
+    rows = plan.rows(args)
+    tuning = {"sync": {"lr": 0.001, "scores": {0.001: 0.12, 0.003: 0.11}},     # i.i.d.: never
+              "sync-niid": {"lr": 0.0001, "scores": {0.0001: 0.19, 0.0003: 0.16, 0.001: 0.1}},
+              "async-niid": {"lr": 0.0003, "scores": {0.0001: 0.3, 0.0003: 0.39, 0.001: 0.1}}}
+    jobs = plan.lengthening_jobs(args, tmp_path, rows, tuning)
+    budget = args.byclass_tune_budget * plan.LENGTHENING
+    assert [(j.row.group, j.lr, j.budget, j.seed) for j in jobs] == [
+        ("sync-niid", 0.0001, budget, args.seed), ("sync-niid", 0.0003, budget, args.seed)]
+    assert all(j.tuning and "-s" in j.argv for j in jobs)
+    assert all(j.argv[j.argv.index("--max-seconds") + 1] == repr(budget) for j in jobs)
+    assert len({j.root for j in jobs} | {j.root for j in plan.tuning_jobs(args, tmp_path, rows)}
+               ) == len(jobs) + 10                                # no run overwrites another
+    # lengthened once: a group whose choice already came from longer runs is left alone
+    tuning["sync-niid"]["short_scores"] = {0.001: 0.1}
+    assert plan.lengthening_jobs(args, tmp_path, rows, tuning) == []
+
+
+def test_a_groups_longest_tuning_runs_decide(tmp_path):
+    # 0.01 wins the short runs; run again for longer, 0.003 is ahead
+    short = [synthetic_job(tmp_path, "sync", lr, shift)
+             for lr, shift in ((0.001, -0.3), (0.003, -0.05), (0.01, 0.0))]
+    long = [synthetic_job(tmp_path / "long", "sync", lr, shift, budget=2)
+            for lr, shift in ((0.003, 0.0), (0.01, -0.1))]
+    chosen = metrics.best_learning_rates(short + long)["sync"]
+    assert chosen["lr"] == 0.003
+    assert chosen["budget"] == 2 and sorted(chosen["scores"]) == [0.003, 0.01]
+    assert chosen["scores"][0.003] == pytest.approx(metrics.tuning_score(long[0]))
+    assert chosen["short_scores"] == {lr: pytest.approx(metrics.tuning_score(j))
+                                      for lr, j in zip((0.001, 0.003, 0.01), short)}
+    text = "\n".join(report.tuning_section(
+        argparse.Namespace(lr_grid=[0.001, 0.003, 0.01], byclass_lr_grid=[0.001],
+                           splits=[0], tune_budget=1, byclass_tune_budget=1, seed=1),
+        {"sync": chosen}, ["sync"], {"sync": "SSGD"}))
+    assert f"**{chosen['scores'][0.003]:.3f}⁺ ({chosen['short_scores'][0.003]:.3f})**" in text
+    assert f"| {chosen['short_scores'][0.001]:.3f} |" in text         # only a short run
+    assert "ran again for 2 s, and those runs decided" in text
 
 
 def test_a_rate_that_diverges_with_the_second_seed_loses(tmp_path):

@@ -583,3 +583,37 @@ def test_cpu_capped_follows_the_launchers_variable():
     from esync.common import speeds
     assert speeds.cpu_capped({speeds.CPU_CGROUP_ENV: "/sys/fs/cgroup/cpu/esync-1.2.3/cpu0"})
     assert not speeds.cpu_capped({})
+
+
+LEAVER = r"""
+import json, os, sys, threading
+from esync.common import speeds
+def groups():
+    return sorted({open(f"/proc/self/task/{t}/cgroup").read() for t in speeds.thread_ids()})
+before = groups()
+stop = threading.Event()
+threading.Thread(target=stop.wait, daemon=True).start()      # a second thread, as MXNet's
+print(json.dumps([before, speeds.join_cpu_cap()[1], groups()]), flush=True)
+speeds.leave_cpu_cap()
+print(json.dumps(groups()), flush=True)
+stop.set()
+"""
+
+
+def test_a_worker_leaves_its_cap_with_every_thread_once_training_is_over(caps, procs):
+    """After training a worker goes back where it came from: its exit is not the device's work
+    (under a x8 cap it held every run up by seconds), and the group empties for its removal."""
+    import json
+    caps.cap("cpu3", 0.05)
+    from esync.common.speeds import CPU_CGROUP_ENV
+    env = dict(os.environ, PYTHONPATH=str(REPO), **{CPU_CGROUP_ENV: str(caps.path / "cpu3")})
+    proc = procs([sys.executable, "-c", LEAVER], env=env, stdout=subprocess.PIPE, text=True)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    joined, left = out.splitlines()
+    before, holds, during = json.loads(joined)
+    assert len(before) == 1                      # every thread in one group at the start
+    assert holds == "every thread" or during != before
+    assert all("esync-" in group and "cpu3" in group for group in during), during
+    assert json.loads(left) == before
+    assert caps.pids("cpu3") == []

@@ -211,6 +211,18 @@ def main(argv=None) -> int:
                 _run_all(wider, progress, args.job_timeout, eta)
                 tune_jobs += wider
                 tuning = metrics.best_learning_rates(tune_jobs)
+            longer = plan.lengthening_jobs(args, out, rows, tuning)
+            if longer:
+                # a by-class row whose short runs have not left chance cannot rank its rates
+                progress.note(f"tuning runs lengthened to {longer[0].budget:g} s (no rate left "
+                              f"chance in {longer[0].budget / plan.LENGTHENING:g} s): " + ", ".join(
+                                  f"{j.row.group} {j.lr:g}" for j in longer))
+                progress.extend(len(longer))
+                eta.left += sum(eta.of(j) for j in longer)
+                cap.apply(longer)
+                _run_all(longer, progress, args.job_timeout, eta)
+                tune_jobs += longer
+                tuning = metrics.best_learning_rates(tune_jobs)
             confirming = plan.confirming_jobs(args, out, rows, tuning)
             if confirming:
                 # the best rates again with the next seed: one seed cannot tell a good rate

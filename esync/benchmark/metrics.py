@@ -216,23 +216,34 @@ TUNING_TOLERANCE = 0.01   # a short run's score moves about this much between se
 
 
 def best_learning_rates(jobs: list[Job]) -> dict[str, dict]:
-    """``{group: {"lr", "scores": {lr: score or None}, "seeds": {lr: runs}}}``: the smallest
-    rate whose short runs scored (``tuning_score``, the mean over the rate's seeds) within
-    ``TUNING_TOLERANCE`` of the best one.
+    """``{group: {"lr", "scores": {lr: score or None}, "seeds": {lr: runs}, "budget",
+    "short_scores"}}``: the smallest rate whose short runs scored (``tuning_score``, the mean
+    over the rate's seeds) within ``TUNING_TOLERANCE`` of the best one.
 
     One short run cannot tell scores that close apart, and of two such rates the larger is the
     likelier to diverge in a repeat with another seed (standalone SGD at 0.0095 scored 0.827
     against 0.003's 0.822, then ended at chance in one of three repeats); the best rates also
     run with a second seed (``plan.confirming_jobs``). A failed run never wins: its rate scores
     None; a group whose every run failed keeps None as its rate (the caller falls back to
-    -l/-ll).
+    -l/-ll). Where a group ran some rates again for longer (``plan.lengthening_jobs``), only
+    its longest runs decide (``budget``); the shorter runs' scores stay in ``short_scores``.
     """
     groups: dict[str, dict] = {}
     runs: dict[str, dict[float, list[float]]] = {}
+    short: dict[str, dict[float, list[float]]] = {}
+    longest: dict[str, float] = {}
     for job in jobs:
-        groups.setdefault(job.row.group, {"lr": None, "scores": {}, "seeds": {}})
-        runs.setdefault(job.row.group, {}).setdefault(job.lr, []).append(tuning_score(job))
+        longest[job.row.group] = max(longest.get(job.row.group, 0.0), job.budget)
+    for job in jobs:
+        group = job.row.group
+        groups.setdefault(group, {"lr": None, "scores": {}, "seeds": {},
+                                  "budget": longest[group], "short_scores": {}})
+        kept = runs if job.budget >= longest[group] else short
+        kept.setdefault(group, {}).setdefault(job.lr, []).append(tuning_score(job))
     for group, entry in groups.items():
+        for lr, scores in short.get(group, {}).items():
+            entry["short_scores"][lr] = (None if -math.inf in scores
+                                         else sum(scores) / len(scores))
         for lr, scores in runs[group].items():
             failed = any(score == -math.inf for score in scores)
             entry["scores"][lr] = None if failed else sum(scores) / len(scores)

@@ -299,6 +299,42 @@ def widening_jobs(args, out: Path, all_rows: list[Row], tuning: dict) -> list[Jo
     return jobs
 
 
+# A by-class group whose best short run scored below this mean accuracy has barely left chance
+# (0.1 for ten classes): its runs cannot rank rates yet. ESync's -s 1 rule, one accumulated step
+# per round, sat at chance for the first 25 s of its 40 s runs at every rate with the 0.505-core
+# x1 devices (docs/benchmark-reserve-carry-default: best 0.194) and chose 3e-05, which ended at
+# 0.42 over 120 s where 9.5e-05 had ended at 0.59-0.61 in three sets of repeats.
+UNDECIDED_SCORE = 0.25
+LENGTHENED_RATES = 2    # how many of such a group's best rates run again, ...
+LENGTHENING = 2.0       # ... for this many times the tuning budget
+
+
+def lengthening_jobs(args, out: Path, all_rows: list[Row], tuning: dict) -> list[Job]:
+    """Longer tuning runs (``LENGTHENING`` x the budget, seed as before) of the
+    ``LENGTHENED_RATES`` best rates of every by-class group whose best short run stayed under
+    ``UNDECIDED_SCORE``; once run, a group's longest runs decide (``best_learning_rates``).
+    Rows that learn within the short runs keep their choice, and their runs; a group is
+    lengthened once."""
+    if not tuning:
+        return []
+    rows_by_group = _first_row_by_group(all_rows)
+    jobs = []
+    for group, entry in tuning.items():
+        row = rows_by_group.get(group)
+        if row is None or not row.split or entry.get("short_scores"):
+            continue
+        known = sorted(((score, lr) for lr, score in entry["scores"].items()
+                        if score is not None), key=lambda pair: (-pair[0], pair[1]))
+        if not known or known[0][0] >= UNDECIDED_SCORE:
+            continue
+        budget = tune_budget(args, row) * LENGTHENING
+        for _, lr in known[:LENGTHENED_RATES]:
+            root = out / TUNE_DIR / group / f"lr{lr:g}-{budget:g}s"
+            jobs.append(_job(args, row, LOOPBACK, 0, lr, root, budget,
+                             out / RUNS_DIR / f"tune-{group}-lr{lr:g}-{budget:g}s.log"))
+    return jobs
+
+
 CONFIRMED_RATES = 2     # per tuning group, its best rates run again with the next seed
 # ... but not a by-class group's: its runs are longer (4 times by default), and a second seed
 # for them would take the default benchmark past 100 minutes. On by-class data a rate too large for the split

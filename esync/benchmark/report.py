@@ -18,7 +18,8 @@ from esync.benchmark import stats
 from esync.benchmark.emulation import describe as describe_emulation
 from esync.benchmark.metrics import TUNING_TOLERANCE
 from esync.benchmark.options import canonical_command, repeat_seeds
-from esync.benchmark.plan import (CLUSTER_EVAL, CONFIRMED_RATES, SHIFTING, SYNC_CAP_BUDGETS,
+from esync.benchmark.plan import (CLUSTER_EVAL, CONFIRMED_RATES, LENGTHENED_RATES, SHIFTING,
+                                  SYNC_CAP_BUDGETS, UNDECIDED_SCORE,
                                   Job, Setting, display_argv, sync_cap, sync_target)
 from esync.benchmark.runs import tail
 from esync.benchmark.shaping import rate_bit_s
@@ -129,17 +130,30 @@ def tuning_section(args, tuning: dict | None, rows, labels: dict) -> list[str]:
           "'-': not tried for that row.", "",
           "| Row | " + " | ".join(f"lr {v:g}" for v in grid) + " | Chosen |",
           "| --- |" + " ---: |" * (len(grid) + 1)]
+    lengthened = {}
     for group, entry in tuning.items():
         cells = []
+        short = entry.get("short_scores") or {}
+        if short:
+            lengthened[group] = entry.get("budget")
         for v in grid:
             score = entry["scores"].get(v)
             text = "-" if v not in entry["scores"] else "failed" if score is None \
                 else f"{score:.3f}" + ("²" if entry.get("seeds", {}).get(v, 1) > 1 else "")
+            if short and v in entry["scores"]:
+                text += "⁺" + (f" ({short[v]:.3f})" if short.get(v) is not None else "")
+            elif short and v in short:
+                text = "failed" if short[v] is None else f"{short[v]:.3f}"
             cells.append(f"**{text}**" if v == entry["lr"] else text)
         chosen = "none (every run failed; default used)" if entry["lr"] is None \
             else f"{entry['lr']:g}"
         L.append(f"| {row_label(group, labels)} | " + " | ".join(cells) + f" | {chosen} |")
     L.append("")
+    for group, budget in lengthened.items():
+        L += [f"⁺ {row_label(group, labels)}: no rate's short run left chance (best score under "
+              f"{UNDECIDED_SCORE:g}; chance is 0.1), so its {LENGTHENED_RATES} best rates ran "
+              f"again for {budget:g} s, and those runs decided (their short runs' scores in "
+              "parentheses).", ""]
     return L
 
 
@@ -786,7 +800,10 @@ def write_outputs(args, text: str, *, jobs, tune_jobs, results, tuning, shaping,
         "shaping": shaping,
         "tuning": {g: {"lr": e["lr"],
                        "scores": {f"{k:g}": v for k, v in e["scores"].items()},
-                       "seeds": {f"{k:g}": v for k, v in e.get("seeds", {}).items()}}
+                       "seeds": {f"{k:g}": v for k, v in e.get("seeds", {}).items()},
+                       "budget_s": e.get("budget"),
+                       "short_scores": {f"{k:g}": v
+                                        for k, v in (e.get("short_scores") or {}).items()}}
                    for g, e in (tuning or {}).items()},
         "settings": {name: {"scenario": res["scenario"], "physical_limit": res["limits"],
                             "rows": {n: res["per_rep"][n] for n in res["names"]},

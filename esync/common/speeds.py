@@ -131,6 +131,7 @@ def join_cpu_cap(environ=os.environ) -> tuple[str, str] | None:
     group = environ.get(CPU_CGROUP_ENV)
     if not group:
         return None
+    _ORIGIN[:] = [_own_cgroup(group)]
     tasks = os.path.join(group, "tasks")
     communication = _COMMUNICATION_THREADS & thread_ids()
     try:
@@ -151,6 +152,63 @@ def join_cpu_cap(environ=os.environ) -> tuple[str, str] | None:
         raise UsageError(f"cannot join the CPU cap {group} ({exc.strerror or exc}); the launcher "
                          f"that made it must run as root and still be running") from None
     return group, "every thread"
+
+
+# The cgroup this process was in before ``join_cpu_cap`` (None: unknown), for ``leave_cpu_cap``.
+_ORIGIN: list[str | None] = []
+
+
+def _own_cgroup(group: str) -> str | None:
+    """The folder of this process's cgroup in the hierarchy `group` belongs to, or None.
+
+    The hierarchy's root is `group`'s topmost ancestor holding ``cgroup.procs``; the path under
+    it comes from ``/proc/self/cgroup`` (cgroup v2's ``0::`` line, or v1's line naming ``cpu``)."""
+    root = None
+    folder = os.path.dirname(os.path.abspath(group))
+    while os.path.exists(os.path.join(folder, "cgroup.procs")):
+        root, folder = folder, os.path.dirname(folder)
+        if folder == "/":
+            break
+    if root is None:
+        return None
+    v2 = os.path.exists(os.path.join(root, "cgroup.controllers"))
+    try:
+        with open("/proc/self/cgroup") as lines:
+            for line in lines:
+                number, controllers, path = line.rstrip("\n").split(":", 2)
+                if (number == "0" and not controllers) if v2 else "cpu" in controllers.split(","):
+                    return os.path.join(root, path.lstrip("/"))
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def leave_cpu_cap() -> None:
+    """Move this process back to the cgroup it left in ``join_cpu_cap``, once training is over.
+
+    What follows training (the last reports, ps-lite's goodbye, MXNet's shutdown) is not the
+    device's work, and under a x8 device's cap it held every run up by 1-3 s. Best effort: a
+    group that cannot be left only costs that time."""
+    origin = _ORIGIN[0] if _ORIGIN else None
+    if origin is None:
+        return
+    tasks = os.path.join(origin, "tasks")
+    try:
+        if os.path.exists(tasks):
+            fd = os.open(tasks, os.O_WRONLY)
+            try:
+                for tid in sorted(thread_ids()):
+                    try:
+                        os.write(fd, f"{tid}\n".encode())
+                    except ProcessLookupError:
+                        pass
+            finally:
+                os.close(fd)
+        else:
+            with open(os.path.join(origin, "cgroup.procs"), "w") as procs:
+                procs.write(str(os.getpid()))
+    except OSError:
+        pass
 
 
 class ScheduleError(UsageError, ValueError):

@@ -5,20 +5,21 @@ model zoo's ``thumbnail`` stem, a 3x3 convolution without max-pooling, made for 
 224x224 for AlexNet and 299x299 for Inception-v3. ``lenet`` is a small CNN for CPU experiments
 and tests (about 20 ms for a batch of 64 on one core).
 """
+from __future__ import annotations
+
 from dataclasses import dataclass
 from typing import Callable
 
-import mxnet as mx
-from mxnet import gluon
-from mxnet.gluon import nn
-from mxnet.gluon.model_zoo import vision
-
 from esync.common.errors import UserError
+
+# MXNet is imported where a network is built, not here: the launcher and the benchmark read
+# NETWORKS for their flags, and importing MXNet costs them 1.5 s of CPU per run.
 
 NUM_CLASSES = 10
 
 
-def _lenet(classes: int) -> gluon.HybridBlock:
+def _lenet(classes: int):
+    from mxnet.gluon import nn
     net = nn.HybridSequential(prefix="lenet_")
     with net.name_scope():
         net.add(nn.Conv2D(20, kernel_size=5, activation="relu"),
@@ -31,21 +32,29 @@ def _lenet(classes: int) -> gluon.HybridBlock:
     return net
 
 
+def _zoo(name: str, **options) -> Callable[[int], object]:
+    """A builder of the Gluon model zoo's network `name` with `classes` outputs."""
+    def build(classes: int):
+        from mxnet.gluon.model_zoo import vision
+        return getattr(vision, name)(classes=classes, **options)
+    return build
+
+
 @dataclass(frozen=True)
 class NetworkSpec:
-    build: Callable[[int], gluon.HybridBlock]
+    build: Callable[[int], object]     # classes -> an uninitialised gluon.HybridBlock
     input_size: int
 
 
 NETWORKS = {
     "lenet": NetworkSpec(_lenet, 28),
-    "alexnet": NetworkSpec(lambda c: vision.alexnet(classes=c), 224),
-    "resnet18-v1": NetworkSpec(lambda c: vision.resnet18_v1(classes=c, thumbnail=True), 28),
-    "resnet50-v1": NetworkSpec(lambda c: vision.resnet50_v1(classes=c, thumbnail=True), 28),
-    "resnet50-v2": NetworkSpec(lambda c: vision.resnet50_v2(classes=c, thumbnail=True), 28),
-    "mobilenet-v1": NetworkSpec(lambda c: vision.mobilenet1_0(classes=c), 28),
-    "mobilenet-v2": NetworkSpec(lambda c: vision.mobilenet_v2_1_0(classes=c), 28),
-    "inception-v3": NetworkSpec(lambda c: vision.inception_v3(classes=c), 299),
+    "alexnet": NetworkSpec(_zoo("alexnet"), 224),
+    "resnet18-v1": NetworkSpec(_zoo("resnet18_v1", thumbnail=True), 28),
+    "resnet50-v1": NetworkSpec(_zoo("resnet50_v1", thumbnail=True), 28),
+    "resnet50-v2": NetworkSpec(_zoo("resnet50_v2", thumbnail=True), 28),
+    "mobilenet-v1": NetworkSpec(_zoo("mobilenet1_0"), 28),
+    "mobilenet-v2": NetworkSpec(_zoo("mobilenet_v2_1_0"), 28),
+    "inception-v3": NetworkSpec(_zoo("inception_v3"), 299),
 }
 
 
@@ -65,12 +74,13 @@ def _spec(name: str) -> NetworkSpec:
             f"unknown network {name!r}; choose one of: {', '.join(NETWORKS)}") from None
 
 
-def build(name: str, ctx: mx.Context, *, seed: int = 1, hybridize: bool = True) -> gluon.HybridBlock:
+def build(name: str, ctx, *, seed: int = 1, hybridize: bool = True):
     """Build, initialise (Xavier, seeded) and shape-infer network `name` on `ctx`.
 
     A forward pass on one dummy image fixes every deferred shape, so parameters can be pushed to
     the parameter server right away.
     """
+    import mxnet as mx
     spec = _spec(name)
     mx.random.seed(seed)
     net = spec.build(NUM_CLASSES)
@@ -85,7 +95,7 @@ def build(name: str, ctx: mx.Context, *, seed: int = 1, hybridize: bool = True) 
     return net
 
 
-def named_parameters(net: gluon.Block) -> dict:
+def named_parameters(net) -> dict:
     """Parameters by structural name (``features.0.weight``), independent of name counters.
 
     The order is the network's own, identical in every process that builds the same network,
@@ -94,7 +104,7 @@ def named_parameters(net: gluon.Block) -> dict:
     return dict(net._collect_params_with_prefix())
 
 
-def trainable_and_aux(net: gluon.Block):
+def trainable_and_aux(net):
     """Split parameters into trainable ones and auxiliary states (batch-norm running statistics)."""
     params = list(named_parameters(net).values())
     return ([p for p in params if p.grad_req != "null"],

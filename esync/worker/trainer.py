@@ -20,7 +20,7 @@ from esync.common import runlayout
 from esync.common.errors import UsageError, guarded
 from esync.common.runlayout import EvaluationLog
 from esync.common.speeds import (HostThread, communication_threads, cpu_capped,
-                                 cpu_seconds_under_cap, join_cpu_cap)
+                                 cpu_seconds_under_cap, join_cpu_cap, leave_cpu_cap)
 from esync.worker.evaluator import accuracy
 from esync.worker.kvstore import Channel, KeyMap, KVChannel, control_length, leave_job_at_once
 from esync.common.files import atomic_write_text
@@ -343,6 +343,8 @@ class TrainingLoop:
             self._announce_speed(slowdown)
             self._write_scalars(round_no, record, k, loss, elapsed,
                                 record.num_samples if round_samples is None else round_samples)
+            if stop:
+                leave_cpu_cap()    # what follows is not the device's work (last checkpoint, exit)
             self._checkpoint(round_no, elapsed, total_samples, stop)
             now = time.perf_counter()
             if stop or now - last_print > 2.0:
