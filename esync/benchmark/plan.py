@@ -302,9 +302,10 @@ def widening_jobs(args, out: Path, all_rows: list[Row], tuning: dict) -> list[Jo
 
 # A by-class group whose best short run scored below this mean accuracy has barely left chance
 # (0.1 for ten classes): its runs cannot rank rates yet. ESync's -s 1 rule, one accumulated step
-# per round, sat at chance for the first 25 s of its 40 s runs at every rate with the 0.505-core
-# x1 devices (docs/benchmark-reserve-carry-default: best 0.194) and chose 3e-05, which ended at
-# 0.42 over 120 s where 9.5e-05 had ended at 0.59-0.61 in three sets of repeats.
+# per round, sat at chance for the first 20-25 s of its 40 s runs at every rate with the
+# 0.505-core x1 devices, and its choice was noise (docs/benchmark-reserve-carry-default: 3e-05 by
+# 0.194 against 0.159; docs/benchmark-2026-11-27: 9.49e-05 by 0.184 against 0.164). Over 80 s
+# the same two rates were apart (3e-05 0.323, 9.49e-05 0.204), and 3e-05 then ended highest.
 UNDECIDED_SCORE = 0.25
 LENGTHENED_RATES = 2    # how many of such a group's best rates run again, ...
 LENGTHENING = 2.0       # ... for this many times the tuning budget
