@@ -198,41 +198,31 @@ def main(argv=None) -> int:
             cap.apply(tune_jobs)
             _run_all(tune_jobs, progress, args.job_timeout, eta)
             tuning = metrics.best_learning_rates(tune_jobs) if tune_jobs else None
-            while tuning:
-                # A best rate at an edge of the grid may not be the best: try beyond it.
-                wider = plan.widening_jobs(args, out, rows, tuning)
-                if not wider:
-                    break
-                progress.note("learning-rate grid widened: " + ", ".join(
-                    f"{j.row.group} {j.lr:g}" for j in wider))
-                progress.extend(len(wider))
-                eta.left += sum(eta.of(j) for j in wider)
-                cap.apply(wider)
-                _run_all(wider, progress, args.job_timeout, eta)
-                tune_jobs += wider
+            def run_more(more, why, planned=False):
+                """More tuning runs once the grid has run; the choice is made again with them."""
+                nonlocal tune_jobs, tuning
+                progress.note(why + ", ".join(f"{j.row.group} {j.lr:g}" for j in more))
+                if not planned:                  # not in the plan's count and estimate yet
+                    progress.extend(len(more))
+                    eta.left += sum(eta.of(j) for j in more)
+                cap.apply(more)
+                _run_all(more, progress, args.job_timeout, eta)
+                tune_jobs += more
                 tuning = metrics.best_learning_rates(tune_jobs)
+
+            # A best rate at an edge of the grid may not be the best: try beyond it.
+            while tuning and (wider := plan.widening_jobs(args, out, rows, tuning)):
+                run_more(wider, "learning-rate grid widened: ")
             longer = plan.lengthening_jobs(args, out, rows, tuning)
             if longer:
                 # a by-class row whose short runs have not left chance cannot rank its rates
-                progress.note(f"tuning runs lengthened to {longer[0].budget:g} s (no rate left "
-                              f"chance in {longer[0].budget / plan.LENGTHENING:g} s): " + ", ".join(
-                                  f"{j.row.group} {j.lr:g}" for j in longer))
-                progress.extend(len(longer))
-                eta.left += sum(eta.of(j) for j in longer)
-                cap.apply(longer)
-                _run_all(longer, progress, args.job_timeout, eta)
-                tune_jobs += longer
-                tuning = metrics.best_learning_rates(tune_jobs)
+                run_more(longer, f"tuning runs lengthened to {longer[0].budget:g} s (no rate "
+                                 f"left chance in {longer[0].budget / plan.LENGTHENING:g} s): ")
             confirming = plan.confirming_jobs(args, out, rows, tuning)
             if confirming:
                 # the best rates again with the next seed: one seed cannot tell a good rate
                 # from one that diverges in another
-                progress.note(f"confirming with seed {args.seed + 1}: " + ", ".join(
-                    f"{j.row.group} {j.lr:g}" for j in confirming))
-                cap.apply(confirming)
-                _run_all(confirming, progress, args.job_timeout, eta)
-                tune_jobs += confirming
-                tuning = metrics.best_learning_rates(tune_jobs)
+                run_more(confirming, f"confirming with seed {args.seed + 1}: ", planned=True)
             if tuning:
                 progress.note("learning rates: " + ", ".join(
                     f"{g} {e['lr']:g}" if e["lr"] is not None else f"{g} default"
