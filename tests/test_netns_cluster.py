@@ -90,6 +90,19 @@ def wait_for_round(launcher, mode_dir, timeout=300):
     raise AssertionError("no round logged")
 
 
+def _transfer_over_link_time(run_dir, rate_bits=10_000_000):
+    """Each round's (after the first, which also waits for the slower start) exchange time over
+    bytes counted / link rate. A worker's wait also holds the time it waited for the others to
+    reach the exchange (the workers share two cores); the last to arrive waits for the transfer
+    alone, so a round's least wait is its transfer (CI saw the median over all waits at 1.38)."""
+    rounds = list(zip(*device_logs(run_dir / "lenet" / "sync").values()))[1:]
+    ratios = [min(r["wait_time"] / (r["bytes_pushed"] * 8 / rate_bits) for r in same_round)
+              for same_round in rounds]
+    assert ratios
+    print("transfer / link time per round:", ratios)
+    return ratios
+
+
 @needs_netns
 @pytest.mark.timeout(600)
 def test_push_pull_time_follows_the_link_rate(tmp_path, data_dir, launchers):
@@ -98,11 +111,7 @@ def test_push_pull_time_follows_the_link_rate(tmp_path, data_dir, launchers):
     launchers.run(tmp_path, data_dir, "-m", "sync", "--workers", 2, "-b", 8,
                   "--bandwidth", "10mbit", "--max-rounds", 6, "--max-seconds", 0,
                   "--no-evaluator")
-    ratios = []
-    for rounds in device_logs(tmp_path / "lenet" / "sync").values():
-        for r in rounds[1:]:            # the first round also waits for the slower start
-            ratios.append(r["wait_time"] / (r["bytes_pushed"] * 8 / 10_000_000))
-    assert 0.7 <= statistics.median(ratios) <= 1.3, ratios
+    assert 0.7 <= statistics.median(_transfer_over_link_time(tmp_path)) <= 1.3
 
 
 @needs_netns
@@ -118,11 +127,7 @@ def test_allreduce_time_follows_the_ring_over_the_link_rate(tmp_path, data_dir, 
     launchers.run(tmp_path, data_dir, "-m", "sync", "--collective", "allreduce", "--workers",
                   3, "-b", 8, "--bandwidth", "10mbit", "--max-rounds", 4, "--max-seconds", 0,
                   "--no-evaluator")
-    ratios = []
-    for rounds in device_logs(tmp_path / "lenet" / "sync").values():
-        for r in rounds[1:]:
-            ratios.append(r["wait_time"] / (r["bytes_pushed"] * 8 / 10_000_000))
-    assert 0.7 <= statistics.median(ratios) <= 1.3, ratios
+    assert 0.7 <= statistics.median(_transfer_over_link_time(tmp_path)) <= 1.3
     assert not list(netns.ETC_NETNS.glob(f"{netns.PREFIX}*"))     # hosts files removed too
     # The kernel's count of what crossed each worker host's link: what the ring's count says
     # (plus TCP/IP headers and the start-up broadcast of the model).
