@@ -221,10 +221,17 @@ def add_run_args(parser: argparse.ArgumentParser, *, one_worker: bool = True) ->
                    help="exchange round r's deltas while round r+1 computes (the global model "
                         "moves one round late; each worker goes on from it plus its own delta)")
     e.add_argument("--carry", action=argparse.BooleanOptionalAction, default=config.carry,
-                   help="a device at least twice as fast as the slowest runs local iterations "
-                        "while its round's exchange is in flight and carries them into its next "
-                        "delta (hides the exchange's wait without delaying the global model, "
-                        "unlike --overlap)")
+                   help="a device that would wait at the exchange for the slowest (at least "
+                        "twice as fast as it, or told so by the state server) runs local "
+                        "iterations while its round's exchange is in flight and carries them "
+                        "into its next delta (hides the exchange's wait without delaying the "
+                        "global model, unlike --overlap)")
+    e.add_argument("--carry-slowest", action=argparse.BooleanOptionalAction,
+                   default=config.carry_slowest,
+                   help="with --carry under --policy dynamic, the slowest device carries too: "
+                        "its iterations during the exchange start its next round (computed on "
+                        "its model of the round before), so the others no longer wait for the "
+                        "transfer and then its whole iteration")
     e.add_argument("--comm-dtype", choices=COMM_DTYPES, default=config.comm_dtype,
                    help="type of the deltas on the wire: float16 halves every exchange's bytes "
                         "(the parameter server sums them in float16; the global model, the "
@@ -288,6 +295,14 @@ def check_esync_options(args) -> None:
     conflict = carry_conflict(args) if getattr(args, "carry", False) else None
     if conflict:
         raise UsageError(f"argument --carry: {conflict} (or --no-carry)")
+    if getattr(args, "carry_slowest", False):
+        if not getattr(args, "carry", False):
+            raise UsageError("argument --carry-slowest: it extends --carry to the slowest "
+                             "device; add --carry (or give --no-carry-slowest)")
+        if getattr(args, "policy", "dynamic") != "dynamic":
+            raise UsageError("argument --carry-slowest: the planned policy's k_i fill the round "
+                             "after the exchange, so the slowest has nothing to carry; give "
+                             "--policy dynamic (or --no-carry-slowest)")
     conflict = accumulate_conflict(args) if getattr(args, "accumulate", False) else None
     if conflict:
         raise UsageError(f"argument --accumulate: {conflict} (or --no-accumulate)")

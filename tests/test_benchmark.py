@@ -305,19 +305,25 @@ def test_aggregations_parse_into_row_names_labels_and_flags():
     assert parsed[2].argv() == ["--aggregation", "weighted", "--outer-momentum", "0.9",
                                 "--nesterov", "-gl", "0.7", "--no-overlap", "--prox-mu", "0",
                                 "--no-scaffold", "--comm-dtype", "float32", "--low-rank", "0",
-                                "--no-accumulate", "--no-carry"]
+                                "--no-accumulate", "--no-carry", "--no-carry-slowest"]
     (carried,) = options.parse_aggregations("weighted+share=1+carry")
     assert (carried.slug, carried.label, carried.text) == (
         "weighted-share1-carry", "weighted, comm. share 1, iterations carried over the exchange",
         "weighted+share=1+carry")
-    assert carried.argv()[-3:] == ["--carry", "--comm-share", "1"]
+    assert carried.argv()[-4:] == ["--carry", "--no-carry-slowest", "--comm-share", "1"]
+    (everyone,) = options.parse_aggregations("weighted+share=1+carryall")
+    assert (everyone.slug, everyone.label, everyone.text) == (
+        "weighted-share1-carryall", "weighted, comm. share 1, iterations carried over the exchange "
+        "(the slowest device's too)", "weighted+share=1+carryall")
+    assert everyone.argv()[-4:] == ["--carry", "--carry-slowest", "--comm-share", "1"]
     (rounds,) = options.parse_aggregations("fednova+share=0.2+overlap+prox=0.1+scaffold+fp16")
     assert (rounds.slug, rounds.label) == (
         "fednova-share0.2-overlap-prox0.1-scaffold-fp16",
         "fednova, comm. share 0.2, overlap, FedProx mu 0.1, SCAFFOLD, float16 deltas")
-    assert rounds.argv()[-12:] == ["--overlap", "--prox-mu", "0.1", "--scaffold",
+    assert rounds.argv()[-13:] == ["--overlap", "--prox-mu", "0.1", "--scaffold",
                                    "--comm-dtype", "float16", "--low-rank", "0",
-                                   "--no-accumulate", "--no-carry", "--comm-share", "0.2"]
+                                   "--no-accumulate", "--no-carry", "--no-carry-slowest",
+                                   "--comm-share", "0.2"]
     (bounded,) = options.parse_aggregations("weighted+overlap+round=0.75")
     assert (bounded.slug, bounded.label, bounded.text) == (
         "weighted-round0.75-overlap", "weighted, rounds <= 0.75 s, overlap",
@@ -328,13 +334,14 @@ def test_aggregations_parse_into_row_names_labels_and_flags():
         "weighted-nesterov0.9-gl0.7-share1-lowrank4",
         "weighted + Nesterov 0.9, gl 0.7, comm. share 1, rank-4 deltas",
         "weighted+nesterov=0.9+gl=0.7+share=1+lowrank=4")
-    assert factored.argv()[-6:] == ["--low-rank", "4", "--no-accumulate", "--no-carry",
-                                    "--comm-share", "1"]
+    assert factored.argv()[-7:] == ["--low-rank", "4", "--no-accumulate", "--no-carry",
+                                    "--no-carry-slowest", "--comm-share", "1"]
     (summed,) = options.parse_aggregations("sum+share=1+accumulate")
     assert (summed.slug, summed.label, summed.text) == (
         "sum-share1-accumulate", "sum, comm. share 1, gradients accumulated",
         "sum+share=1+accumulate")
-    assert summed.argv()[-4:] == ["--accumulate", "--no-carry", "--comm-share", "1"]
+    assert summed.argv()[-5:] == ["--accumulate", "--no-carry", "--no-carry-slowest",
+                                  "--comm-share", "1"]
     for bad in ("mean+share=0", "mean+share=2", "mean+prox=-1", "mean+overlapping",
                 "mean+round=0", "mean+lowrank=0", "mean+lowrank=1.5"):
         with pytest.raises(options.UsageError, match="is not"):

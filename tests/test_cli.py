@@ -298,12 +298,14 @@ def test_scaffold_with_the_sum_rule_warns_and_runs(capsys):
     ("--carry", ["-m", "async"], "-m esync"),
     ("--carry", ["--overlap"], "--no-overlap"),
     ("--carry", ["--local-iters", "3"], "--local-iters at 0"),
+    ("--carry-slowest", [], "add --carry"),
+    ("--carry-slowest", ["--carry", "--policy", "planned"], "--policy dynamic"),
 ])
 def test_esync_options_refuse_what_they_cannot_run_with(option, flags, says):
     """--low-rank, --accumulate and --carry: a conflicting flag is one error naming the fix."""
     from esync.common.errors import UsageError
     given = {"--low-rank": ["--low-rank", "4"], "--accumulate": ["--accumulate"],
-             "--carry": ["--carry"]}[option]
+             "--carry": ["--carry"], "--carry-slowest": ["--carry-slowest"]}[option]
     with pytest.raises(UsageError, match=option) as caught:
         cli.parse_args([*given, *flags])
     assert says in str(caught.value)
@@ -312,3 +314,5 @@ def test_esync_options_refuse_what_they_cannot_run_with(option, flags, says):
     assert cli.parse_args([]).accumulate is False
     assert cli.parse_args(["--carry", "--accumulate"]).carry is True
     assert cli.parse_args([]).carry is False
+    assert cli.parse_args(["--carry", "--carry-slowest"]).carry_slowest is True
+    assert cli.parse_args([]).carry_slowest is False

@@ -229,6 +229,7 @@ UNEQUAL_ROUNDS, OUTER_GL = 8, 0.7
 # a loaded machine), so at 1x against 3x it may run one iteration per round throughout (CI saw
 # it); 8x leaves it several.
 CARRY_SLOWDOWN = "1,8"
+NOT_DYNAMIC_CARRY = ("exchange-then-compute", "overlap", "carry-planned")
 
 
 def _float16_sum(rule, deltas, ks):
@@ -639,12 +640,14 @@ def test_low_rank_rounds_are_powersgd_with_error_feedback_on_the_workers_deltas(
     assert step_error(replayed_sums(factors=False)) > 0.05
 
 
-def _assert_carried_into_the_next_delta(logs, pushed, rounds, *, some=True):
+def _assert_carried_into_the_next_delta(logs, pushed, rounds, *, some=True, slowest=False):
     """--carry: the k each worker pushed in round t is its own iterations of round t plus those
     it carried through round t-1's exchange; a worker carries only through the exchange of a
-    round in which it ran two or more iterations (a round's slowest, with k = 1, never does: on
-    these millisecond iterations which worker that is varies with the machine's load), and
-    (``some``) the fast worker (device cpu0) carried iterations through some exchange."""
+    round in which it ran two or more iterations or (dynamic policy) the state server's "ready"
+    said the slowest still computed (``slowest_rest``; a round's slowest, told 0, never does: on
+    these millisecond iterations which worker that is varies with the machine's load), unless
+    (``slowest``) --carry-slowest, where the slow device (cpu1) carried through some exchange;
+    and (``some``) the fast worker (device cpu0) carried iterations through some exchange."""
     for device in ("cpu0", "cpu1"):
         rows = logs[device]
         rank = rows[0]["rank"]
@@ -653,24 +656,32 @@ def _assert_carried_into_the_next_delta(logs, pushed, rounds, *, some=True):
             assert int(pushed[rank, t]["k"]) == want, (device, t)
     if some:
         assert any(r["carried_iterations"] for r in logs["cpu0"][:-1]), logs["cpu0"]
-    assert logs["cpu0"][-1]["carried_iterations"] == 0       # nothing carried past the end
     for device in ("cpu0", "cpu1"):
-        assert all(r["k"] >= 2 for r in logs[device] if r["carried_iterations"]), logs[device]
+        assert logs[device][-1]["carried_iterations"] == 0   # nothing carried past the end
+    if slowest:
+        assert any(r["carried_iterations"] for r in logs["cpu1"][:-1]), logs["cpu1"]
+        return
+    for device in ("cpu0", "cpu1"):
+        assert all(r["k"] >= 2 or r.get("slowest_rest", 0) > 0
+                   for r in logs[device] if r["carried_iterations"]), logs[device]
 
 
 @pytest.mark.parametrize("variant", ["exchange-then-compute", "overlap", "carry",
-                                     "carry-planned"])
+                                     "carry-planned", "carry-slowest"])
 def test_every_rank_holds_the_same_global_model_after_each_round(tmp_path, small_data, variant):
     """Two workers (1x, 3x, 8x for the dynamic carry: unequal k under either policy) dump the global model they hold
     after each round's sums arrived. Every rank must hold the same one: with --overlap it moves
     one round late, and each worker trains on it plus its own delta, never on another model;
     with --carry the fast worker trains on it plus its carried iterations (under the planned
-    policy only those that fit in the last exchange's time, maybe none)."""
+    policy only those that fit in the last exchange's time, maybe none), with --carry-slowest
+    the slow one too."""
     dumps = tmp_path / "dumps"
     extra = {"exchange-then-compute": [], "overlap": ["--overlap"],
-             "carry": ["--carry", "--policy", "dynamic"], "carry-planned": ["--carry"]}[variant]
+             "carry": ["--carry", "--policy", "dynamic"], "carry-planned": ["--carry"],
+             "carry-slowest": ["--carry", "--carry-slowest", "--policy", "dynamic"]}[variant]
     run_cluster(tmp_path, small_data, "-m", "esync", "--policy", "planned", "--workers", 2,
-                "--slowdown", CARRY_SLOWDOWN if variant == "carry" else "1,3", "-ll", LR, "-b", BATCH, "--max-rounds", OVERLAP_ROUNDS,
+                "--slowdown", "1,3" if variant in NOT_DYNAMIC_CARRY else CARRY_SLOWDOWN,
+                "-ll", LR, "-b", BATCH, "--max-rounds", OVERLAP_ROUNDS,
                 "-e", 1, "--max-seconds", 0, "--seed", SEED, "--no-evaluator",
                 *extra, env={"ESYNC_DUMP_PUSHES": str(dumps)})
     held = _dumps(dumps, "global")
@@ -685,7 +696,8 @@ def test_every_rank_holds_the_same_global_model_after_each_round(tmp_path, small
     assert any(pushed[0, t]["k"] != pushed[1, t]["k"] for t in range(2, OVERLAP_ROUNDS + 1))
     if variant.startswith("carry"):
         _assert_carried_into_the_next_delta(device_logs(tmp_path / "lenet" / "esync"), pushed,
-                                            OVERLAP_ROUNDS, some=variant == "carry")
+                                            OVERLAP_ROUNDS, some=variant != "carry-planned",
+                                            slowest=variant == "carry-slowest")
 
 
 def test_carry_with_one_worker_is_local_sgd(tmp_path, small_data):

@@ -123,6 +123,40 @@ def test_no_lease_for_the_slowest_or_before_any_duration_is_known(clock):
     assert job.decide(1, 0, 1.0).budget == 0.0       # the slowest itself: one iteration, ask
 
 
+# -- the wait: what a "ready" worker will wait for (--carry computes through it) ------------------
+
+def test_a_ready_fast_worker_is_told_what_is_left_of_the_slowest_iteration(clock):
+    job = dynamic_job(clock, epsilon=0.05)
+    start_round_two(job, clock)                      # the slowest (c = 1 s) started at t = 0
+    clock.advance(0.6)
+    assert not job.decide(0, 6, 0.1).ready           # 0.4 s left: one more 0.1 s fits
+    clock.advance(0.3)
+    told = job.decide(0, 9, 0.1)                     # 0.1 s left, within the 0.05 s slack
+    assert told.ready and told.wait == pytest.approx(0.1)
+
+
+def test_the_slowest_and_a_worker_behind_a_finished_slowest_wait_for_nobody(clock):
+    job = dynamic_job(clock)
+    start_round_two(job, clock)
+    clock.advance(1.0)
+    slowest = job.decide(1, 1, 1.0)
+    assert slowest.ready and slowest.wait == 0.0
+    late = job.decide(0, 10, 0.1)                    # the slowest has already pushed
+    assert late.ready and late.wait == 0.0
+
+
+def test_iterations_carried_into_a_round_may_make_a_worker_ready_at_its_first_report(clock):
+    """With --carry a worker's first report of a round counts the iterations it carried into it:
+    the slowest with any is ready at once; a fast one once no further iteration fits."""
+    job = dynamic_job(clock)
+    job.apply(0, 3, 0.1)
+    job.apply(1, 1, 1.0)
+    job.enter_round(0, 2)
+    job.enter_round(1, 2)
+    assert job.decide(1, 1, 1.0, t=2).ready          # the slowest carried one iteration
+    assert job.decide(0, 2, 0.1, t=2).ready          # and the fast one then waits for nobody
+
+
 # -- the decision table of docs/ALGORITHM.md -------------------------------------------------------
 
 def test_first_report_of_a_round_is_never_ready(clock):

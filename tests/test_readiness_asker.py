@@ -140,3 +140,26 @@ def test_every_question_leaves_through_the_given_caller():
     assert ks == {0: 5, 1: 1}
     assert len(threads) == len(server.calls) > 0
     assert set(threads) == {threads[0]} and threads[0] != threading.get_ident()
+
+
+def test_a_ready_worker_keeps_what_the_slowest_still_computes_and_the_slowest_keeps_nothing():
+    """``wait`` decides who carries iterations through the exchange (--carry): the fast workers
+    are told the rest of the slowest's iteration, the slowest is told 0."""
+    clock = Clock()
+    job = JobState(num_workers=3, epsilon=0.0, policy="dynamic", clock=clock)
+    server = InProcessServer(job)
+    durations = {0: 0.01, 1: 0.15, 2: 0.04}
+    workers = {r: (ReadinessAsker(server, r, clock=clock), c) for r, c in durations.items()}
+    for t in range(1, 4):
+        run_round(clock, job, workers, t)
+    waits = {r: asker.wait for r, (asker, _) in workers.items()}
+    assert waits[1] == 0.0
+    assert 0.0 < waits[0] <= 0.01 and 0.0 < waits[2] <= 0.04, waits
+
+
+def test_an_answer_without_a_valid_wait_or_budget_counts_as_zero():
+    from esync.coordination.client import _seconds
+    assert _seconds({"ready": 1}, "wait") == 0.0                     # an older server
+    for bad in (True, -1.0, float("nan"), float("inf"), "0.2", None):
+        assert _seconds({"wait": bad}, "wait") == 0.0, bad
+    assert _seconds({"budget": 0.25}, "budget") == 0.25

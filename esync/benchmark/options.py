@@ -142,6 +142,7 @@ class Aggregation:
     low_rank: int = 0            # --low-rank R (PowerSGD factors; 0: deltas in full)
     accumulate: bool = False     # --accumulate (local iterations sum gradients)
     carry: bool = False          # --carry (iterations during the exchange, into the next round)
+    carry_slowest: bool = False  # --carry-slowest (``carryall``: the slowest device carries too)
 
     @property
     def slug(self) -> str:
@@ -168,7 +169,7 @@ class Aggregation:
         if self.accumulate:
             parts.append("accumulate")
         if self.carry:
-            parts.append("carry")
+            parts.append("carryall" if self.carry_slowest else "carry")
         return "-".join(parts)
 
     @property
@@ -196,7 +197,8 @@ class Aggregation:
         if self.accumulate:
             text += ", gradients accumulated"
         if self.carry:
-            text += ", iterations carried over the exchange"
+            text += (", iterations carried over the exchange"
+                     + (" (the slowest device's too)" if self.carry_slowest else ""))
         return text
 
     @property
@@ -214,7 +216,8 @@ class Aggregation:
         parts += ["overlap"] * self.overlap + ([f"prox={self.prox_mu:g}"] if self.prox_mu else [])
         parts += ["scaffold"] * self.scaffold + ["fp16"] * self.fp16
         parts += [f"lowrank={self.low_rank}"] if self.low_rank else []
-        parts += ["accumulate"] * self.accumulate + ["carry"] * self.carry
+        parts += ["accumulate"] * self.accumulate
+        parts += ["carryall" if self.carry_slowest else "carry"] * self.carry
         return "+".join(parts)
 
     def argv(self) -> list[str]:
@@ -228,7 +231,8 @@ class Aggregation:
                 "--comm-dtype", "float16" if self.fp16 else "float32",
                 "--low-rank", str(self.low_rank),
                 "--accumulate" if self.accumulate else "--no-accumulate",
-                "--carry" if self.carry else "--no-carry"]
+                "--carry" if self.carry else "--no-carry",
+                "--carry-slowest" if self.carry_slowest else "--no-carry-slowest"]
         if self.comm_share is not None:
             argv += ["--comm-share", f"{self.comm_share:g}"]
         if self.max_round is not None:
@@ -259,6 +263,9 @@ def parse_aggregations(text: str, flag: str = "--aggregations") -> list[Aggregat
             if extra.strip() in ("overlap", "scaffold", "fp16", "accumulate", "carry"):
                 fields[extra.strip()] = True
                 continue
+            if extra.strip() == "carryall":
+                fields["carry"] = fields["carry_slowest"] = True
+                continue
             match = _PART.fullmatch(extra.strip())
             value = _float_or_none(match.group(2)) if match else None
             if value is None or value < 0 or (match.group(1) in ("gl", "share", "round")
@@ -268,7 +275,8 @@ def parse_aggregations(text: str, flag: str = "--aggregations") -> list[Aggregat
                 raise UsageError(f"argument {flag}: {extra!r} in {item!r} is not "
                                  "nesterov=M, momentum=M, gl=G, share=S (0 < S <= 1), "
                                  "round=T (seconds), prox=MU, lowrank=R, overlap, scaffold, "
-                                 "fp16, accumulate or carry, with numbers M, MU >= 0, G, T > 0 and a whole R >= 1")
+                                 "fp16, accumulate, carry or carryall, with numbers M, "
+                                 "MU >= 0, G, T > 0 and a whole R >= 1")
             if match.group(1) == "gl":
                 fields["global_lr"] = value
             elif match.group(1) == "share":
@@ -375,7 +383,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ESync rows, one per item: RULE[+nesterov=M|+momentum=M][+gl=G]"
                         "[+share=S][+round=T (rounds of at most T s)]"
                         "[+overlap][+prox=MU][+scaffold][+fp16 (float16 deltas)][+accumulate]"
-                        "[+carry (iterations during the exchange)]"
+                        "[+carry (iterations during the exchange)|+carryall (the slowest "
+                        "device's too)]"
                         "[+lowrank=R (PowerSGD factors of rank R)] with "
                         "RULE one of " + ", ".join(AGGREGATION_RULES))
     r.add_argument("--byclass-aggregations", default=DEFAULT_BYCLASS_AGGREGATIONS,

@@ -120,11 +120,8 @@ class StateClient:
         if d is not None:
             fields["d"] = d                      # communication time of the last exchange
         answer = self._post("apply", fields)
-        budget = answer.get("budget", 0.0)
-        if isinstance(budget, bool) or not isinstance(budget, (int, float)) \
-                or not math.isfinite(budget) or budget < 0:
-            budget = 0.0
-        return Decision(bool(answer["ready"]), float(budget))
+        return Decision(bool(answer["ready"]), _seconds(answer, "budget"),
+                        _seconds(answer, "wait"))
 
     def plan(self, rank: int, c: float, t: int | None = None) -> int:
         """Planned policy (one call per worker): local iterations to run in round ``t``."""
@@ -255,6 +252,16 @@ class StateClient:
         return data
 
 
+def _seconds(answer: dict, name: str) -> float:
+    """A duration field of an ``/apply/`` answer; 0 when it is missing (an older server) or not a
+    finite number of seconds >= 0."""
+    value = answer.get(name, 0.0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value) or value < 0:
+        return 0.0
+    return float(value)
+
+
 class ReadinessAsker:
     """The dynamic policy as a worker speaks it: ``continue_local`` before each local iteration.
 
@@ -267,6 +274,9 @@ class ReadinessAsker:
     - A worker that ran one iteration (possibly the slowest, or one whose k was unknown) asks at
       k = 0 and waits for the answer before computing, so the server's clock for its iteration
       never starts after the iteration does.
+    - ``k`` counts the iterations carried into the round (``--carry``): a worker that carried
+      some asks before its first own iteration, and may be ready without one.
+    - ``wait`` keeps the last "ready"'s ``Decision.wait``: how long the slowest still computes.
     - The lease runs from the answer's arrival: the server decided between the question and the
       answer, and under load most of a call is its wait in the server's queue, before the
       decision. The lease can thus end late by the answer's transit back (well under a
@@ -279,6 +289,7 @@ class ReadinessAsker:
         self.lease_ends = 0.0
         self.last_round_k = 1           # before round 1 nothing is known: ask at k = 0
         self.comm = None                # the last exchange's communication time, sent once
+        self.wait = 0.0                 # the last "ready"'s Decision.wait: the slowest's rest
 
     def continue_local(self, k: int, last_c: float, t: int, *, timing=None) -> bool:
         """True: run another local iteration in round ``t`` (``k`` done, the last took
@@ -297,7 +308,7 @@ class ReadinessAsker:
             with timing():
                 decision = self.call(*ask)
         if k > 0 and decision.ready:
-            self.lease_ends, self.last_round_k = 0.0, k
+            self.lease_ends, self.last_round_k, self.wait = 0.0, k, decision.wait
             return False
         # Counted from the answer: the server computed the budget when it took the call, after
         # the call's wait in its queue (most of a call under load), not when it was sent.

@@ -207,11 +207,12 @@ class JobState:
             # Today's rule counts c_s from the slowest's last report (its only one: its entry);
             # a longer round counts T from the slowest's entry into the round.
             since = slow.seen if not longer or slow.round_start is None else slow.round_start
+            remaining = length - (now - since)            # of the slowest's round
             budget = lease - (now - since)                # remaining - slack
             if k == 0:
                 return Decision(False, max(0.0, budget))  # everyone computes at least once
             if c > budget:
-                return self._become_ready(me)
+                return self._become_ready(me, wait=max(0.0, remaining))
             return Decision(False, budget)                # one more iteration fits
 
     def plan(self, rank: int, c: float, t: int | None = None, d: float | None = None) -> int:
@@ -484,14 +485,15 @@ class JobState:
             self._new_records.append(record)
         return record
 
-    def _become_ready(self, me: _Worker) -> Decision:
-        """Tell ``me`` to aggregate. The first "ready" of a round must survive a restart (the
-        worker will not ask again: it is in the exchange, where the others need it), so it
-        asks the caller to persist before answering."""
+    def _become_ready(self, me: _Worker, *, wait: float = 0.0) -> Decision:
+        """Tell ``me`` to aggregate (``wait``: what is left of the slowest's round, which ``me``
+        will wait for). The first "ready" of a round must survive a restart (the worker will not
+        ask again: it is in the exchange, where the others need it), so it asks the caller to
+        persist before answering."""
         if not me.ready:
             me.ready = True
             self._round_changed = True
-        return READY
+        return Decision(True, wait=wait) if wait else READY
 
     def _record_report(self, me: _Worker, k: int, c: float, now: float) -> None:
         me.requests += 1

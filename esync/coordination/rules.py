@@ -200,9 +200,15 @@ class Decision:
     """The dynamic policy's answer. ``budget`` (s) qualifies a "not ready": by the server's
     clock, this worker would keep being told "not ready" for every iteration it starts within
     ``budget - c`` seconds of this answer (as long as no report changes who is the slowest), so
-    it need not ask again before then. 0: ask before the next iteration."""
+    it need not ask again before then. 0: ask before the next iteration.
+
+    ``wait`` (s) qualifies a "ready": how long the round's slowest worker should still compute
+    (its iteration's remainder, by the server's clock), which this worker will wait for at its
+    exchange. 0: this worker is the slowest, or the slowest has already finished. A worker with
+    ``--carry`` computes through that wait."""
     ready: bool
     budget: float = 0.0
+    wait: float = 0.0
 
 
 READY, NOT_READY = Decision(True), Decision(False)

@@ -61,7 +61,8 @@ def apply_answer(fields: dict, job: str) -> dict:
     d = float_field(fields, "d", required=False)
     _ignore_worker_timestamp(fields)
     decision = services.worker_apply(job=job, rank=rank, k=k, c=c, t=t, d=d)
-    return {"ready": int(decision.ready), "budget": round(decision.budget, 6)}
+    return {"ready": int(decision.ready), "budget": round(decision.budget, 6),
+            "wait": round(decision.wait, 6)}
 
 
 @api("POST", changes_state=True)

@@ -60,7 +60,7 @@ def state_of(client, job="j"):
 def test_original_paths_act_on_the_default_job_with_form_bodies(client):
     post_form(client, reverse("init"), {"num_workers": 2, "epsilon": 0.5})
     answer = post_form(client, reverse("apply"), {"r": 1, "k": 1, "c": 0.2, "te": 1.7e9})
-    assert answer.status_code == 200 and answer.json() == {"ready": 1, "budget": 0.0}
+    assert answer.status_code == 200 and answer.json() == {"ready": 1, "budget": 0.0, "wait": 0.0}
     assert client.get(reverse("state")).json()["epsilon"] == 0.5
 
 
@@ -78,12 +78,12 @@ def test_init_defaults_to_auto_slack_the_dynamic_policy_and_rounds_sized_by_comp
 
 def test_apply_with_json_answers_not_ready_on_the_first_report(client, job):
     response = post_json(client, job_url("apply"), {"r": 1, "k": 0, "c": 0})
-    assert response.json() == {"ready": 0, "budget": 0.0}
+    assert response.json() == {"ready": 0, "budget": 0.0, "wait": 0.0}
 
 
 def test_worker_timestamp_does_not_change_the_decision(client, job):
     far_future = post_json(client, job_url("apply"), {"r": 3, "k": 1, "c": 0.08, "te": 9e12})
-    assert far_future.json() == {"ready": 1, "budget": 0.0}
+    assert far_future.json() == {"ready": 1, "budget": 0.0, "wait": 0.0}
 
 
 def test_plan_answers_the_local_iterations_of_the_round(client):

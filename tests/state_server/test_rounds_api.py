@@ -141,7 +141,7 @@ def test_after_a_restart_a_worker_is_not_kept_waiting_for_a_slowest_already_read
     post(client, "apply", {"r": 1, "k": 1, "c": 0.3, "t": 2}, job="d")   # ready: in the exchange
     services.registry.clear()                           # the server restarts
     answer = post(client, "apply", {"r": 0, "k": 1, "c": 0.01, "t": 2}, job="d")
-    assert answer.json() == {"ready": 1, "budget": 0.0}
+    assert answer.json() == {"ready": 1, "budget": 0.0, "wait": 0.0}
 
 
 def test_a_round_entered_by_apply_and_lost_in_a_restart_is_entered_again(client):

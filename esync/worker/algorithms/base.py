@@ -56,6 +56,7 @@ class AlgorithmConfig:
     max_round_seconds: float = 0.0        # --max-round-seconds: bound on a round (0: none)
     overlap: bool = False                 # --overlap: exchange during the next round
     carry: bool = False                   # --carry: iterate during the exchange, into the next
+    carry_slowest: bool = False           # --carry-slowest: the slowest device too
     comm_dtype: str = "float32"           # --comm-dtype: the deltas' type on the wire
     prox_mu: float = 0.0                  # --prox-mu: FedProx's proximal coefficient (0: none)
     scaffold: bool = False                # --scaffold: SCAFFOLD's control variates
@@ -78,6 +79,7 @@ class AlgorithmConfig:
                    max_round_seconds=getattr(args, "max_round_seconds", cls.max_round_seconds),
                    overlap=bool(getattr(args, "overlap", False)),
                    carry=bool(getattr(args, "carry", False)),
+                   carry_slowest=bool(getattr(args, "carry_slowest", False)),
                    comm_dtype=getattr(args, "comm_dtype", cls.comm_dtype),
                    prox_mu=getattr(args, "prox_mu", 0.0) or 0.0,
                    scaffold=bool(getattr(args, "scaffold", False)),

@@ -41,11 +41,14 @@ balancing", SoCC 2020): no local model drifts towards the classes of its shard, 
 update per round.
 
 ``--carry``: a device that ran two or more iterations in a round (so at least twice as fast as
-the slowest) keeps iterating while the round's exchange is in flight, from where its local model
-stands, and carries those iterations into its next delta (counted in its next ``k_i``): when the
-exchange ends, its local model becomes ``g`` plus what they moved it. The global model is not
-delayed (unlike ``--overlap``); a fast device's wait for the slowest's push and for the transfer
-becomes computing.
+the slowest), or that the state server's "ready" told the slowest still computes
+(``Decision.wait``), keeps iterating while the round's exchange is in flight, from where its
+local model stands, and carries those iterations into its next delta (counted in its next
+``k_i``, and in its first question of the next round): when the exchange ends, its local model
+becomes ``g`` plus what they moved it. The global model is not delayed (unlike ``--overlap``); a
+device's wait for the slowest's push and for the transfer becomes computing. With
+``--carry-slowest`` (dynamic policy) the slowest device carries too, and is ready as soon as it
+asks after the exchange.
 
 ``--comm-dtype float16``: the deltas travel as half floats on keys of their own (half the bytes;
 the global model and the outer step stay float32).
@@ -209,7 +212,9 @@ class ESync(Algorithm):
             return k < cfg.local_iters
         if cfg.policy == "planned":
             return k < self.next_k
-        return self.asker.continue_local(k, last_c, w.round_no,
+        # Iterations carried into the round count: a worker may be ready without its own
+        # (with --carry-slowest the slowest's round then ends as soon as it asks)
+        return self.asker.continue_local(k + self.carried_in, last_c, w.round_no,
                                          timing=lambda: record.phase("check ready"))
 
     def local_step(self, record) -> None:
@@ -276,12 +281,17 @@ class ESync(Algorithm):
         self._continue_from(None, carried_from=carried.ends)
 
     def _may_carry(self, want_stop: bool) -> bool:
-        """--carry, for a device that ran two or more iterations this round (at least twice as
-        fast as the slowest, whose exchange the others wait for: it never carries), unless the
-        round is the last."""
+        """--carry, unless the round is the last: a device that ran two or more iterations this
+        round (at least twice as fast as the slowest) or, under the dynamic policy, that the
+        state server told it would wait for the slowest (``Decision.wait``); the slowest itself,
+        whose push the others wait for, only with --carry-slowest."""
         cfg = self.config
-        return (cfg.carry and not want_stop and not cfg.local_iters
-                and self.local_iteration is not None and self.worker.round_k > 1)
+        if not (cfg.carry and not want_stop and not cfg.local_iters
+                and self.local_iteration is not None):
+            return False
+        if self.worker.round_k > 1:
+            return True
+        return cfg.policy == "dynamic" and (cfg.carry_slowest or self.asker.wait > 0)
 
     def _carry_through(self, exchange: ArraysInFlight, carried: "Carried", record) -> None:
         """--carry: local iterations until ``exchange`` (watched) has arrived, from the local
@@ -493,12 +503,16 @@ class ESync(Algorithm):
 
     def round_extras(self) -> dict:
         """The last finished exchange's duration (push to the last sum: hidden under
-        --overlap when shorter than the round); rank 0 under the planned policy: what it
-        reported and which round's plan it sent."""
+        --overlap when shorter than the round); the dynamic policy: the ready answer's
+        ``Decision.wait``; rank 0 under the planned policy: what it reported and which round's
+        plan it sent."""
         extras = {"exchange_time": round(self.last_comm or 0.0, 6),
                   "carried_iterations": self.carried_in,
                   "exchange_wait": round(self.round_waited, 6),
                   "aggregation_overhead": round(self.last_overhead, 6)}
+        if self.client is not None and self.config.policy == "dynamic":
+            # the state server's "ready": what the slowest still computed (--carry's cue)
+            extras["slowest_rest"] = round(self.asker.wait, 6)
         if self.reporter is None or self.reported is None:
             return extras
         return dict(extras, reported_k=self.reported.k, reported_c=self.reported.c,
