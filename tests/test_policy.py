@@ -145,6 +145,24 @@ def test_the_slowest_and_a_worker_behind_a_finished_slowest_wait_for_nobody(cloc
     assert late.ready and late.wait == 0.0
 
 
+def test_in_the_first_round_a_worker_is_told_to_expect_a_wait_while_another_is_untimed(clock):
+    """Round 1: nobody's duration is known; the first to finish may not be the slowest, so its
+    "ready" says that something may still compute (its own iteration's length); the last to
+    report, every duration then known, is the slowest and waits for nobody."""
+    job = dynamic_job(clock, num_workers=3)
+    for rank in range(3):
+        job.apply(rank, 0, 0.0)
+    clock.advance(0.1)
+    first = job.decide(0, 1, 0.1)
+    assert first.ready and first.wait == pytest.approx(0.1)
+    clock.advance(0.3)
+    second = job.decide(2, 1, 0.4)
+    assert second.ready and second.wait > 0
+    clock.advance(0.6)
+    last = job.decide(1, 1, 1.0)
+    assert last.ready and last.wait == 0.0
+
+
 def test_iterations_carried_into_a_round_may_make_a_worker_ready_at_its_first_report(clock):
     """With --carry a worker's first report of a round counts the iterations it carried into it:
     the slowest with any is ready at once; a fast one once no further iteration fits."""

@@ -196,7 +196,13 @@ class JobState:
             longer = length > slow.c                      # the slowest runs several iterations
             if in_round and (rank == s and not longer or slow.ready):
                 # k = 0: everyone computes at least once
-                return self._become_ready(me) if k > 0 else NOT_READY
+                if k == 0:
+                    return NOT_READY
+                # A worker never timed (the first round) may still be computing: as far as
+                # the server knows, as long as this one's iteration
+                untimed = rank == s and not slow.ready and any(
+                    worker.c <= 0 for worker in self._workers)
+                return self._become_ready(me, wait=c if untimed else 0.0)
             if rank == s and (not in_round or k == 0):
                 return NOT_READY
             lease = length - self._slack(rank, s)

@@ -29,6 +29,10 @@ Two policies, chosen per job at ``init``:
     slowest waits for its k = 0 answer before computing, so it starts after the server saw it);
     if the slowest then finishes early, the worker runs on for at most the difference.
 
+    The wait: a "ready" answer also says what is left of the slowest's round by the server's
+    clock (``Decision.wait``, ``remaining`` above; 0 for the slowest itself and once it is
+    ready): the time this worker would idle at the exchange, which ``--carry`` spends computing.
+
 ``planned`` (new: one request per worker per round)
     ``JobState.plan(rank, c)`` is called once at the start of a round and returns
     ``k_i = max(1, floor((c_s - slack_i) / c_i))`` from the latest known ``c`` of every worker;
@@ -204,8 +208,9 @@ class Decision:
 
     ``wait`` (s) qualifies a "ready": how long the round's slowest worker should still compute
     (its iteration's remainder, by the server's clock), which this worker will wait for at its
-    exchange. 0: this worker is the slowest, or the slowest has already finished. A worker with
-    ``--carry`` computes through that wait."""
+    exchange. 0: this worker is the slowest, or the slowest has already finished (while some
+    worker has no duration yet, the apparent slowest gets its own ``c``: it may not be). A worker
+    with ``--carry`` computes through that wait."""
     ready: bool
     budget: float = 0.0
     wait: float = 0.0
