@@ -42,7 +42,7 @@ comm_share = 1.0          # --comm-share: exchange's largest share of an ESync r
                           # sized by compute alone, as the original)
 max_round_seconds = 0.0   # --max-round-seconds: bound on a stretched round (0: none)
 overlap = False           # --overlap: exchange round r while round r+1 computes
-carry = False             # --carry: fast devices iterate while the exchange runs, into the next round
+carry = False             # --carry: devices that would wait iterate during the exchange, into the next round
 carry_slowest = False     # --carry-slowest: the slowest device carries too (dynamic policy)
 comm_dtype = "float32"    # --comm-dtype: ESync's deltas on the wire (float16 halves the bytes)
 prox_mu = 0.0             # --prox-mu: FedProx's proximal coefficient for ESync's local steps
