@@ -46,12 +46,19 @@ def run_round(clock, job, workers, t):
     return {rank: s["k"] for rank, s in state.items()}
 
 
-def test_fast_workers_ask_twice_a_round_and_do_what_fits():
+def simulated_cluster(durations):
+    """A clock, the real decision logic behind an in-process server, and one asker per worker
+    ({rank: (asker, c)}) for ``durations`` ({rank: c})."""
     clock = Clock()
-    job = JobState(num_workers=3, epsilon=0.0, policy="dynamic", clock=clock)
+    job = JobState(num_workers=len(durations), epsilon=0.0, policy="dynamic", clock=clock)
     server = InProcessServer(job)
-    durations = {0: 0.01, 1: 0.15, 2: 0.05}
     workers = {r: (ReadinessAsker(server, r, clock=clock), c) for r, c in durations.items()}
+    return clock, job, server, workers
+
+
+def test_fast_workers_ask_twice_a_round_and_do_what_fits():
+    durations = {0: 0.01, 1: 0.15, 2: 0.05}
+    clock, job, server, workers = simulated_cluster(durations)
     for t in range(1, 6):
         server.calls.clear()
         ks = run_round(clock, job, workers, t)
@@ -145,11 +152,7 @@ def test_every_question_leaves_through_the_given_caller():
 def test_a_ready_worker_keeps_what_the_slowest_still_computes_and_the_slowest_keeps_nothing():
     """``wait`` decides who carries iterations through the exchange (--carry): the fast workers
     are told the rest of the slowest's iteration, the slowest is told 0."""
-    clock = Clock()
-    job = JobState(num_workers=3, epsilon=0.0, policy="dynamic", clock=clock)
-    server = InProcessServer(job)
-    durations = {0: 0.01, 1: 0.15, 2: 0.04}
-    workers = {r: (ReadinessAsker(server, r, clock=clock), c) for r, c in durations.items()}
+    clock, job, _, workers = simulated_cluster({0: 0.01, 1: 0.15, 2: 0.04})
     for t in range(1, 4):
         run_round(clock, job, workers, t)
     waits = {r: asker.wait for r, (asker, _) in workers.items()}
