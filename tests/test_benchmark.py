@@ -30,8 +30,9 @@ ROWS = ("esync-mean", "sync", "local")
 SLOWDOWNS = (1.0, 2.0)
 FLAGS = {"--aggregation", "--outer-momentum", "--nesterov", "--net", "--bandwidth",
          "--server-bandwidth", "--hosts", "--emulation", "--cpu-share", "--speed-schedule",
-         "--collective"}
-OLD_FLAGS = FLAGS - {"--emulation", "--cpu-share", "--speed-schedule", "--collective"}
+         "--collective", "--no-cpu-pinning"}
+OLD_FLAGS = FLAGS - {"--emulation", "--cpu-share", "--speed-schedule", "--collective",
+                     "--no-cpu-pinning"}
 
 
 def run_script(*args, timeout=900):
@@ -1291,10 +1292,28 @@ def test_standalone_runs_under_the_x1_devices_cap(data_dir, tmp_path, full_launc
     env = plan.child_env(by["local"])
     assert (env["OMP_NUM_THREADS"], env["OPENBLAS_NUM_THREADS"]) == ("1", "1")
     assert env["ESYNC_CPU_CGROUP"] == "/cgroup/standalone"
+    first = min(os.sched_getaffinity(0))        # on one CPU, as the launcher's capped devices
+    assert env["ESYNC_CPU_PIN"] == str(first)
     assert by["sync"].prefix == [] and "OPENBLAS_NUM_THREADS" not in by["sync"].env
-    assert cap.info == {"capped": True, "share": share, "reason": None,
+    assert cap.info == {"capped": True, "share": share, "reason": None, "cpu": first,
                         "env": {**FakeCgroups.ONE_COMPUTE_THREAD_ENV,
-                                "ESYNC_CPU_CGROUP": "/cgroup/standalone"}}
+                                "ESYNC_CPU_CGROUP": "/cgroup/standalone",
+                                "ESYNC_CPU_PIN": str(first)}}
+
+
+def test_without_pinning_the_standalone_run_moves_between_cores_as_the_devices_do(
+        data_dir, tmp_path, full_launcher, monkeypatch):
+    fake = FakeCgroups()
+    monkeypatch.setattr(emulation, "_cgroups", lambda: (fake, None))
+    monkeypatch.setattr(emulation, "cores_here", lambda: 2)
+    args = args_for(data_dir, tmp_path, "--modes", "sync,local", "--no-niid", "--net",
+                    "loopback", "--repeats", "1", "--no-cpu-pinning")
+    assert args.emulation_argv[-1] == "--no-cpu-pinning"      # passed to every cluster run
+    jobs = standalone_jobs(args, tmp_path)
+    with emulation.StandaloneCap(args) as cap:
+        cap.apply(jobs)
+    assert "ESYNC_CPU_PIN" not in plan.child_env(next(j for j in jobs if j.standalone))
+    assert cap.info["cpu"] is None
 
 
 def test_the_given_cpu_share_caps_the_standalone_run(data_dir, tmp_path, full_launcher,

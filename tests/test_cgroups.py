@@ -617,3 +617,78 @@ def test_a_worker_leaves_its_cap_with_every_thread_once_training_is_over(caps, p
     assert all("esync-" in group and "cpu3" in group for group in during), during
     assert json.loads(left) == before
     assert caps.pids("cpu3") == []
+
+
+@pytest.mark.parametrize("cores, cpus, placed", [
+    ([0.5, 0.5, 0.125, 0.0625], [0, 1], [0, 1, 0, 1]),       # the default cluster on 2 cores
+    ([0.0625, 0.125, 0.5, 0.5], [0, 1], [1, 0, 0, 1]),       # largest first, wherever listed
+    ([0.5, None, 0.5], [3, 2], [2, None, 3]),                # an uncapped device is not pinned
+    ([0.3] * 5, [0, 1], [0, 1, 0, 1, 0]),                    # more devices than cores
+    ([], [0], []),
+])
+def test_devices_are_placed_on_the_least_loaded_cpu_largest_caps_first(cores, cpus, placed):
+    from esync.launch.cgroups import place_on_cpus
+    assert place_on_cpus(cores, cpus) == placed
+
+
+def test_placing_devices_without_any_cpu_is_refused():
+    from esync.launch.cgroups import place_on_cpus
+    with pytest.raises(ValueError, match="no CPU"):
+        place_on_cpus([0.5], [])
+
+
+PINNED = r"""
+import json, os, sys, threading
+from esync.common import speeds
+def cpus():
+    return sorted({tuple(sorted(os.sched_getaffinity(t))) for t in speeds.thread_ids()})
+with speeds.communication_threads():
+    stop = threading.Event()
+    talker = threading.Thread(target=stop.wait, daemon=True)      # as ps-lite's threads
+    talker.start()
+before = cpus()
+speeds.join_cpu_cap()
+later = []
+threading.Thread(target=lambda: later.append(sorted(os.sched_getaffinity(0)))).start()
+while not later:
+    pass
+print(json.dumps([before, sorted(os.sched_getaffinity(0)),
+                  sorted(os.sched_getaffinity(talker.native_id)), later[0]]), flush=True)
+speeds.leave_cpu_cap()
+print(json.dumps(cpus()), flush=True)
+stop.set()
+"""
+
+
+def test_a_capped_worker_computes_on_the_cpu_its_launcher_chose(caps, procs):
+    """ESYNC_CPU_PIN: the threads that join the cap (and those they start later, as MXNet's
+    engine workers) run on that CPU only; communication threads stay free; leaving the cap
+    frees every thread again."""
+    import json
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        pytest.skip("pinning is only visible with two or more CPUs to choose from")
+    caps.cap("cpu2", 0.5)
+    from esync.common.speeds import CPU_CGROUP_ENV, CPU_PIN_ENV
+    pin = allowed[-1]
+    env = dict(os.environ, PYTHONPATH=str(REPO),
+               **{CPU_CGROUP_ENV: str(caps.path / "cpu2"), CPU_PIN_ENV: str(pin)})
+    proc = procs([sys.executable, "-c", PINNED], env=env, stdout=subprocess.PIPE, text=True)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    during, after = out.splitlines()
+    before, compute, talker, started_later = json.loads(during)
+    assert before == [allowed]
+    assert compute == [pin] and started_later == [pin]
+    assert talker == allowed
+    assert json.loads(after) == [allowed]
+
+
+def test_an_unusable_cpu_leaves_the_threads_where_they_were(capsys):
+    from esync.common import speeds
+    before = os.sched_getaffinity(0)
+    speeds.pin_compute_threads("4096", speeds.thread_ids())
+    assert os.sched_getaffinity(0) == before
+    assert "cannot pin this device's compute to CPU '4096'" in capsys.readouterr().err
+    speeds.pin_compute_threads(None, speeds.thread_ids())        # not asked: nothing to do
+    assert os.sched_getaffinity(0) == before

@@ -108,6 +108,8 @@ def test_the_run_records_its_emulation_and_pins_each_device_to_its_shard(capped_
     placement = cluster["placement"]
     assert [(p["device"], p["shard"], p["cpu_cores"]) for p in placement] == [
         ("cpu0", 0, 0.4), ("cpu1", 1, 0.1)]
+    from esync.launch.cgroups import place_on_cpus       # each computes on one CPU
+    assert [p["cpu"] for p in placement] == place_on_cpus([0.4, 0.1], os.sched_getaffinity(0))
     for entry in placement:
         logs = [r[3] for r in _iterations(mode_dir / entry["host"] / entry["device"])]
         assert {log["shard"] for log in logs} == {entry["shard"]}

@@ -230,6 +230,16 @@ def test_capped_workers_say_so_and_get_one_compute_thread():
     assert slow.env["OMP_NUM_THREADS"] == "1" and slow.env["MXNET_CPU_WORKER_NTHREADS"] == "1"
 
 
+def test_capped_workers_compute_on_the_cpu_the_plan_gives_them():
+    from esync.common.speeds import CPU_PIN_ENV
+    specs = by_name(plan_roles(config(cpu_cores=(0.6, 0.15), cpu_pins=(0, 1),
+                                      emulation="cpu-cap"), Hosts(PS, (FAST, SLOW))))
+    assert [specs[f"worker-cpu{i}"].env[CPU_PIN_ENV] for i in (0, 1)] == ["0", "1"]
+    unpinned = by_name(plan_roles(config(cpu_cores=(0.6, 0.15), cpu_pins=(None, None),
+                                         emulation="cpu-cap"), Hosts(PS, (FAST, SLOW))))
+    assert CPU_PIN_ENV not in unpinned["worker-cpu0"].env       # --no-cpu-pinning
+
+
 def test_uncapped_workers_sleep_as_before():
     specs = by_name(plan_roles(config(), Hosts(PS, (FAST, SLOW))))
     assert specs["worker-cpu1"].cpu_cores is None

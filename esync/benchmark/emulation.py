@@ -78,6 +78,8 @@ class StandaloneCap:
         self.share: float | None = None
         self.reason: str | None = None
         self.problem: str | None = None
+        self.pin = getattr(args, "pinned", False)   # on one core, as the launcher's devices
+        self.cpu: int | None = None
 
     def __enter__(self) -> "StandaloneCap":
         args = self.args
@@ -107,8 +109,13 @@ class StandaloneCap:
         self.caps, self.share = caps, share
         # As the launcher's workers do: the run joins its group when its training starts
         # (imports and data loading at the machine's speed).
-        from esync.common.speeds import CPU_CGROUP_ENV
+        # and computes on one core where the launcher pins its capped devices
+        from esync.common.speeds import CPU_CGROUP_ENV, CPU_PIN_ENV
         self.env = {**cgroups.ONE_COMPUTE_THREAD_ENV, CPU_CGROUP_ENV: str(group)}
+        if self.pin:
+            from esync.launch.cgroups import place_on_cpus
+            self.cpu = place_on_cpus([share], os.sched_getaffinity(0))[0]
+            self.env[CPU_PIN_ENV] = str(self.cpu)
         return self
 
     def apply(self, jobs) -> None:
@@ -128,7 +135,7 @@ class StandaloneCap:
     @property
     def info(self) -> dict:
         return {"capped": self.share is not None, "share": self.share, "reason": self.reason,
-                "env": self.env or None}
+                "cpu": self.cpu, "env": self.env or None}
 
 
 # ----------------------------------------------------------------------------- what ran
@@ -189,8 +196,10 @@ def describe(seen: dict, standalone: dict) -> list[str]:
             L.append(f"- emulation: **mixed**: {', '.join(parts)}{share} "
                      "(read from each run's cluster.json)")
     if standalone.get("capped"):
+        where = (f", on CPU {standalone['cpu']}" if standalone.get("cpu") is not None
+                 else "")
         L.append(f"- standalone SGD: capped at {standalone['share']:g} core (its own cgroup, "
-                 "one compute thread): one of the cluster's ×1 devices")
+                 f"one compute thread{where}): one of the cluster's ×1 devices")
     else:
         L.append(f"- standalone SGD: uncapped, a whole core and one thread "
                  f"({standalone.get('reason') or 'no caps'})")
@@ -209,6 +218,7 @@ def describe(seen: dict, standalone: dict) -> list[str]:
         for p in seen["placement"]:
             cores = p.get("cpu_cores")
             cells.append(f"{p.get('device')} ×{p.get('slowdown', 1):g}"
-                         + (f": {cores:g} core" if cores is not None else ""))
+                         + (f": {cores:g} core" if cores is not None else "")
+                         + (f" on CPU {p['cpu']}" if p.get("cpu") is not None else ""))
         L.append("- placement (first full run): " + ", ".join(cells))
     return L

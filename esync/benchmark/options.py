@@ -464,6 +464,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cores given to a x1 device under cpu-cap (a xF device gets S/F); "
                         "default: the launcher's (the largest that fits the machine's cores "
                         "with 0.8 of a core to spare)")
+    e.add_argument("--no-cpu-pinning", action="store_true",
+                   help="under cpu-cap, let each device's compute (and standalone SGD's) move "
+                        "between cores (esync-cluster --no-cpu-pinning); by default each "
+                        "computes on one core")
     o = parser.add_argument_group("output")
     o.add_argument("--dry-run", action="store_true",
                    help="print the plan (runs, commands, the time estimate) and exit")
@@ -607,6 +611,8 @@ def check_emulation(args, flags: set[str]) -> None:
     """``args.emulation_argv``: the emulation flags passed to every cluster run (none for a
     launcher that predates them: it sleeps)."""
     args.launcher_emulation = "--emulation" in flags
+    # a launcher that pins capped devices to cores: standalone SGD is pinned alike
+    args.pinned = "--no-cpu-pinning" in flags and not args.no_cpu_pinning
     args.emulation_argv = []
     if not args.launcher_emulation:
         if args.emulation == "cpu-cap" or args.cpu_share is not None:
@@ -621,6 +627,8 @@ def check_emulation(args, flags: set[str]) -> None:
             raise UsageError("argument --cpu-share: only with CPU caps (--emulation auto or "
                              "cpu-cap)")
         args.emulation_argv += ["--cpu-share", f"{args.cpu_share:g}"]
+    if args.no_cpu_pinning and "--no-cpu-pinning" in flags:
+        args.emulation_argv.append("--no-cpu-pinning")
     if args.emulation == "cpu-cap":
         from esync.benchmark.emulation import cgroups_unavailable
         why = cgroups_unavailable()
@@ -681,7 +689,8 @@ def canonical_command(args) -> str:
             "--tune-budget", f"{args.tune_budget:g}",
             "--byclass-budget", f"{args.byclass_budget:g}",
             "--byclass-tune-budget", f"{args.byclass_tune_budget:g}",
-            "--local-eval-every", str(args.local_eval_every), "--emulation", args.emulation]
+            "--local-eval-every", str(args.local_eval_every), "--emulation", args.emulation,
+            *(["--no-cpu-pinning"] if args.no_cpu_pinning else [])]
     if args.cpu_share is not None:
         argv += ["--cpu-share", f"{args.cpu_share:g}"]
     argv += ["--out", str(args.out)]

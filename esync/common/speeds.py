@@ -14,6 +14,7 @@ import math
 import os
 import queue
 import re
+import sys
 import threading
 import time
 from concurrent.futures import Future
@@ -23,6 +24,9 @@ from esync.common.errors import UsageError
 DEVICE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 # Set by a launcher that caps this worker's CPU: the cgroup (a folder) it joins to train.
 CPU_CGROUP_ENV = "ESYNC_CPU_CGROUP"
+# Set with it unless the launcher was told not to pin: the CPU the capped threads run on
+# (``esync.launch.cgroups.place_on_cpus``).
+CPU_PIN_ENV = "ESYNC_CPU_PIN"
 
 
 # Threads that carry this worker's communication (ps-lite's and ZeroMQ's, Horovod's background
@@ -134,6 +138,7 @@ def join_cpu_cap(environ=os.environ) -> tuple[str, str] | None:
     _ORIGIN[:] = [_own_cgroup(group)]
     tasks = os.path.join(group, "tasks")
     communication = _COMMUNICATION_THREADS & thread_ids()
+    pin_compute_threads(environ.get(CPU_PIN_ENV), thread_ids() - communication)
     try:
         if communication and os.path.exists(tasks):
             fd = os.open(tasks, os.O_WRONLY)
@@ -183,12 +188,50 @@ def _own_cgroup(group: str) -> str | None:
     return None
 
 
+# The CPUs this process might use before ``pin_compute_threads`` (empty: nothing pinned).
+_UNPINNED: list[set[int]] = []
+
+
+def pin_compute_threads(cpu: str | None, tids) -> None:
+    """Keep the threads that join the cap (and the threads they start later: MXNet's engine
+    workers) on one CPU, ``cpu`` (the launcher's ``ESYNC_CPU_PIN``; None or "": not pinned).
+    Best effort: a CPU this process may not use leaves the threads where they were, with one
+    warning line, since the cap alone still gives the device its speed."""
+    if not cpu:
+        return
+    try:
+        target = {int(cpu)}
+        before = os.sched_getaffinity(0)
+        for tid in sorted(tids):
+            try:
+                os.sched_setaffinity(tid, target)
+            except ProcessLookupError:
+                pass                                 # a thread that just ended
+    except (OSError, ValueError) as exc:
+        print(f"warning: cannot pin this device's compute to CPU {cpu!r} ({exc}); it runs "
+              "where the scheduler puts it", file=sys.stderr, flush=True)
+        return
+    _UNPINNED[:] = [before]
+
+
+def unpin_threads() -> None:
+    """Let every thread run on the CPUs the process had before ``pin_compute_threads``."""
+    if not _UNPINNED:
+        return
+    for tid in sorted(thread_ids()):
+        try:
+            os.sched_setaffinity(tid, _UNPINNED[0])
+        except OSError:
+            pass
+
+
 def leave_cpu_cap() -> None:
     """Move this process back to the cgroup it left in ``join_cpu_cap``, once training is over.
 
     What follows training (the last reports, ps-lite's goodbye, MXNet's shutdown) is not the
     device's work, and under a x8 device's cap it held every run up by 1-3 s. Best effort: a
     group that cannot be left only costs that time."""
+    unpin_threads()
     origin = _ORIGIN[0] if _ORIGIN else None
     if origin is None:
         return

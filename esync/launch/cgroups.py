@@ -648,6 +648,27 @@ class CpuCaps:
 
 # --- how much CPU, and when ---------------------------------------------------------------------
 
+def place_on_cpus(cores, cpus) -> list[int | None]:
+    """The CPU each capped device's compute is pinned to (None for an uncapped device): the
+    largest caps first, each on the CPU whose caps placed so far add up to the least (ties: the
+    lowest number), so the caps spread over the cores as evenly as they can.
+
+    Why pin: under caps alone the scheduler moves a device's compute from core to core, and the
+    caches it leaves behind cost the x1 devices about 5% of their speed on a 2-core machine with
+    a cache per core (docs/BENCHMARK.md, "Emulation"); a real device keeps its own."""
+    cpus = sorted(cpus)
+    if not cpus:
+        raise ValueError("no CPU to pin devices to")
+    load = dict.fromkeys(cpus, 0.0)
+    placed: list[int | None] = [None] * len(cores)
+    order = sorted((i for i, c in enumerate(cores) if c is not None), key=lambda i: -cores[i])
+    for i in order:
+        cpu = min(cpus, key=lambda c: (load[c], c))
+        load[cpu] += cores[i]
+        placed[i] = cpu
+    return placed
+
+
 def default_share(factors, cores: float, reserve: float = DEFAULT_RESERVE) -> float:
     """The largest share s <= 1.0 of a core for a x1 device such that the caps ``s / F_i`` of
     all devices plus ``reserve`` fit in ``cores``: sum(s / F_i) + reserve <= cores.

@@ -108,7 +108,7 @@ CARRY_COSTLY_LINKS, CARRY_FREE_LINKS, CARRY_BY_CLASS = True, True, False
 STATE_SERVER_RESTARTS = 3        # a state server that keeps dying is a failure, not a blip
 DEFAULT_SLOWDOWN = "1,1,4,8"      # the emulated cluster: two fast, one 4x, one 8x slower
 LOCAL_ADDRESS = "127.0.0.1"       # the local backend's one host
-LAUNCHER_ONLY = {"emulation", "cpu_share", "speed_schedule",
+LAUNCHER_ONLY = {"emulation", "cpu_share", "no_cpu_pinning", "speed_schedule",
                  "workers", "slowdown_list", "devices", "servers", "threads", "port", "state_port",
                  "no_evaluator", "no_summary", "quiet", "stall_timeout", "startup_timeout",
                  "restarts", "net", "hosts", "bandwidth", "server_bandwidth"}
@@ -218,6 +218,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "default: the most that lets every device's cap plus a reserve of 0.8 "
                         "of a core for the parameter server, scheduler, evaluator and state "
                         "server fit this machine's cores")
+    e.add_argument("--no-cpu-pinning", action="store_true",
+                   help="under cpu-cap, let the scheduler move each device's compute between "
+                        "cores (default: each capped device computes on one core, the caps "
+                        "spread evenly over the cores: moving cost the x1 devices about 5%% of "
+                        "their speed)")
     e.add_argument("--speed-schedule", default=None, metavar="SPEC",
                    help="devices whose speed changes during training: DEVICE:FACTOR@SECONDS,..."
                         "[;DEVICE:...], e.g. 'cpu1:1@0,6@30' (cpu1 becomes 6x slower at 30 s "

@@ -70,7 +70,8 @@ class Launch:
             servers=a.servers, threads=a.threads, evaluator=not a.no_evaluator,
             state_port=state_port if self.uses_state_server else None,
             state_token=self.token, emulation=self.emulation,
-            cpu_cores=tuple(self.cpu_cores()), speed_schedule=a.speed_schedule,
+            cpu_cores=tuple(self.cpu_cores()), cpu_pins=tuple(self.cpu_pins()),
+            speed_schedule=a.speed_schedule,
             collective=a.collective, local_iters=tuple(a.local_iters),
             horovod_cycle_ms=os.environ.get("HOROVOD_CYCLE_TIME", HOROVOD_CYCLE_MS),
             state_db=paths.pop("state_db", str(runlayout.state_db(self.mode_dir))), **paths)
@@ -85,15 +86,24 @@ class Launch:
         return [self.cpu_share / f if d == "cpu" else None
                 for d, f in zip(self.devices, self.args.slowdowns)]
 
+    def cpu_pins(self) -> list[int | None]:
+        """The CPU each capped worker computes on (``cgroups.place_on_cpus``); None: not pinned
+        (uncapped, or ``--no-cpu-pinning``)."""
+        cores = self.cpu_cores()
+        if getattr(self.args, "no_cpu_pinning", False) or all(c is None for c in cores):
+            return [None] * len(cores)
+        from esync.launch.cgroups import place_on_cpus
+        return place_on_cpus(cores, os.sched_getaffinity(0))
+
     def placement(self) -> list[dict]:
         """Which device trains on which shard, where, how slow: worker i of the plan holds
         shard i in every run, whatever rank ps-lite gives it."""
         classes = shard_classes(self.args, len(self.devices))
         return [{"device": name, "host": host.name, "shard": i, "classes": classes[i],
-                 "slowdown": factor, "cpu_cores": cores}
-                for i, (name, host, factor, cores) in enumerate(zip(
+                 "slowdown": factor, "cpu_cores": cores, "cpu": cpu}
+                for i, (name, host, factor, cores, cpu) in enumerate(zip(
                     device_names(self.devices), self.hosts.workers, self.args.slowdowns,
-                    self.cpu_cores()))]
+                    self.cpu_cores(), self.cpu_pins()))]
 
     def on_ps_host(self, fn, *args):
         """``fn(*args)`` from where the launcher reaches the ps host (here, for remote hosts)."""
@@ -421,7 +431,10 @@ def cpu_caps(args):
                       f"while they run ({caps.kernel_slice_us / 1000:g} ms before)")
     print(f"esync-cluster: emulating slow devices by CPU caps ({caps.controller.describe()}): "
           f"a x1 device gets {share:.2f} of a core (--cpu-share), a xF device 1/F of that"
-          f"{slice_note}", flush=True)
+          f"{slice_note}; "
+          + ("each device's compute moves between cores (--no-cpu-pinning)"
+             if args.no_cpu_pinning else "each device computes on one core (cluster.json "
+             "says which)"), flush=True)
     return caps, share
 
 

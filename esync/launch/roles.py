@@ -12,6 +12,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from esync.common.speeds import CPU_PIN_ENV
 from esync.launch.cgroups import ONE_COMPUTE_THREAD_ENV
 
 REPO = Path(__file__).resolve().parents[2]
@@ -95,6 +96,7 @@ class ClusterConfig:
     state_db: str = ""                     # the state server's SQLite file
     emulation: str = "sleep"               # how slow-downs are emulated: sleep | cpu-cap
     cpu_cores: tuple[float | None, ...] = ()
+    cpu_pins: tuple[int | None, ...] = ()  # the CPU each capped worker computes on (None: any)
     speed_schedule: str | None = None      # --speed-schedule, passed to every worker
     collective: str = "ps"                 # ps: scheduler + servers; allreduce: a rendezvous
     local_iters: tuple[int, ...] = ()      # ESync's fixed k of each worker (--local-iters)
@@ -173,6 +175,9 @@ def plan_roles(config: ClusterConfig, hosts: Hosts) -> list[RoleSpec]:
         cores = config.cpu_cores[i] if config.cpu_cores else None
         if cores is not None:
             env.update(ONE_COMPUTE_THREAD_ENV)   # the quota throttles one thread smoothly
+            pin = config.cpu_pins[i] if config.cpu_pins else None
+            if pin is not None:
+                env[CPU_PIN_ENV] = str(pin)
         emulation = ["--emulation", "cpu-cap"] if cores is not None else []
         schedule = ["--speed-schedule", config.speed_schedule] if config.speed_schedule else []
         argv = main + train + on + ["--device-name", name, "--slowdown", f"{factor:g}",
