@@ -260,6 +260,7 @@ class TrainingLoop:
         self.announced = None              # the slow-down factor the dashboard was last told
         self.clock0 = time.perf_counter()  # the training clock's zero (set by run)
         algo.local_iteration = self._carried_iteration
+        self.carried_losses: list[float] = []   # of iterations carried into the next round
 
     def announce(self, spent: float) -> None:
         """Tell the coordinator where this worker runs and its factor at training time ``spent``
@@ -421,7 +422,11 @@ class TrainingLoop:
         return seconds
 
     def _local_phase(self, record: RoundRecord, last_c: float):
-        k, loss_sum = 0, 0.0
+        """The round's own iterations; returns (their count, the last one's duration, the mean
+        loss over the iterations in the round's delta: its own and those carried into it)."""
+        k, loss_sum = 0, sum(self.carried_losses)
+        losses = len(self.carried_losses)
+        self.carried_losses = []
         while True:
             record.begin_iteration()
             if not self.algo.continue_local(k, last_c, record):
@@ -430,13 +435,16 @@ class TrainingLoop:
             loss, last_c = self._iteration(record)
             loss_sum += loss
             k += 1
-        return k, last_c, loss_sum / max(k, 1)
+        return k, last_c, loss_sum / max(k + losses, 1)
 
     def _carried_iteration(self, record: RoundRecord) -> float:
         """One local iteration outside the round's local phase (ESync's ``--carry`` runs them
-        while its exchange is in flight); logged in ``record``, returns its duration."""
+        while its exchange is in flight); logged in ``record``, returns its duration. Its loss
+        counts in the next round's, whose delta it is part of."""
         record.begin_iteration()
-        return self._iteration(record)[1]
+        loss, seconds = self._iteration(record)
+        self.carried_losses.append(loss)
+        return seconds
 
     def _iteration(self, record: RoundRecord) -> tuple[float, float]:
         """One local iteration: batch, forward and backward, the algorithm's step, the emulated
