@@ -108,8 +108,8 @@ class StandaloneCap:
             return self
         self.caps, self.share = caps, share
         # As the launcher's workers do: the run joins its group when its training starts
-        # (imports and data loading at the machine's speed).
-        # and computes on one core where the launcher pins its capped devices
+        # (imports and data loading at the machine's speed), and computes on one core where
+        # the launcher pins its capped devices.
         from esync.common.speeds import CPU_CGROUP_ENV, CPU_PIN_ENV
         self.env = {**cgroups.ONE_COMPUTE_THREAD_ENV, CPU_CGROUP_ENV: str(group)}
         if self.pin:
