@@ -92,26 +92,38 @@ def test_nesterov_momentum_looks_ahead_by_the_new_buffer():
 @pytest.mark.parametrize("momentum,nesterov,gl", [(0.0, False, 1.0), (0.0, False, 0.7),
                                                    (0.9, False, 1.0), (0.9, False, 0.7),
                                                    (0.9, True, 1.0), (0.9, True, 0.7)])
-def test_in_place_update_gives_the_same_bits_as_step_and_apply_step(momentum, nesterov, gl):
-    """The worker's in-place outer step (fewer arrays on a slow device) is not an approximation:
-    float32, three rounds, every bit of the model and of the buffer equal."""
+def test_fused_update_follows_step_and_apply_step(momentum, nesterov, gl):
+    """The worker's outer step (MXNet's fused kernels, one pass on a slow device) is the rule:
+    float32, four rounds with the pulled sum scaled, the model within float32 rounding of the
+    spelled-out step and the kernels' state gl times the buffer."""
     outer = agg.OuterOptimizer(momentum=momentum, nesterov=nesterov)
     rng = np.random.default_rng(5)
     start = nd.array(rng.standard_normal(1000), dtype="float32")
-    ref_start, ref_buffer = start.copy(), nd.zeros(1000, dtype="float32")
-    buffer = nd.zeros(1000, dtype="float32") if outer.has_state else None
-    for _ in range(3):
-        delta = nd.array(rng.standard_normal(1000) * 0.01, dtype="float32")
-        kept = delta.copy()
-        step, new = outer.step(delta, ref_buffer if outer.has_state else None)
+    ref_start, ref_buffer = start.asnumpy().astype(np.float64), np.zeros(1000)
+    velocity = nd.zeros(1000, dtype="float32") if outer.has_state else None
+    for scale in (0.25, 1.0, 0.5, 0.125):
+        total = nd.array(rng.standard_normal(1000) * 0.01, dtype="float32")
+        kept = total.asnumpy()
+        step, new = outer.step(scale * kept.astype(np.float64),
+                               ref_buffer if outer.has_state else None)
         ref_start = agg.apply_step(ref_start, step, gl)
         if new is not None:
             ref_buffer = new
-        outer.update(start, delta, buffer, gl)
-        assert (delta.asnumpy() == kept.asnumpy()).all()        # the delta is left as it was
-        assert (start.asnumpy() == ref_start.asnumpy()).all()
+        outer.update(start, total, velocity, scale=scale, global_lr=gl)
+        assert (total.asnumpy() == kept).all()                  # the pulled sum is left as it was
+        assert np.allclose(start.asnumpy(), ref_start, rtol=1e-6, atol=1e-7)
         if outer.has_state:
-            assert (buffer.asnumpy() == ref_buffer.asnumpy()).all()
+            assert np.allclose(velocity.asnumpy(), gl * ref_buffer, rtol=1e-6, atol=1e-9)
+            assert np.allclose(outer.buffer_from(velocity, gl).asnumpy(), ref_buffer,
+                               rtol=1e-6, atol=1e-9)
+
+
+def test_velocity_and_buffer_convert_both_ways():
+    buffer = nd.array([1.0, -2.0, 0.5])
+    velocity = agg.OuterOptimizer.velocity_from(buffer, 0.7)
+    assert velocity is buffer                                   # in place: the state's own array
+    assert np.allclose(velocity.asnumpy(), [0.7, -1.4, 0.35])
+    assert np.allclose(agg.OuterOptimizer.buffer_from(velocity, 0.7).asnumpy(), [1.0, -2.0, 0.5])
 
 
 def test_apply_step_moves_start_by_gl_times_step():

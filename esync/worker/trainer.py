@@ -522,7 +522,7 @@ class TrainingLoop:
                 "network": self.args.network, "mode": self.args.mode,
                 "total_time": round(elapsed, 6), "samples": samples,
                 "config": _jsonable(vars(self.args))},
-                state={name: a.asnumpy() for name, a in self.algo.state_arrays().items()})
+                state=self.algo.saved_state())
         if stop:
             self.store.mark_done({"round": round_no, "total_time": elapsed})
 

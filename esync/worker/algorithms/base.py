@@ -145,8 +145,13 @@ class Algorithm:
         """Runs before the KVStore keys are created (and before the first barrier)."""
 
     def state_arrays(self) -> dict:
-        """Named NDArrays of the algorithm's own state (e.g. outer momentum), updated in place."""
+        """Named NDArrays of the algorithm's own state (e.g. outer momentum), updated in place:
+        a checkpoint's state is loaded into them and rank 0's reach everyone before ``setup``."""
         return {}
+
+    def saved_state(self) -> dict:
+        """``state_arrays`` as a checkpoint keeps them (numpy arrays)."""
+        return {name: a.asnumpy() for name, a in self.state_arrays().items()}
 
     def extra_keys(self) -> list:
         """``(shape, dtype)`` of each array the algorithm exchanges every round on keys of its

@@ -91,6 +91,7 @@ class ESync(Algorithm):
         cfg, w = self.config, self.worker
         self.outer = aggregate.OuterOptimizer(momentum=cfg.outer_momentum,
                                               nesterov=cfg.nesterov)
+        # The outer momentum: buffers until ``setup``, then the fused kernels' gl x buffer
         self.momentum = ([nd.zeros(p.shape, ctx=w.ctx) for p in w.trainable]
                          if self.outer.has_state else [None] * len(w.trainable))
         self.variate = self.own_variate = None
@@ -146,6 +147,15 @@ class ESync(Algorithm):
             state.update({SCAFFOLD_STATE.format(i): c for i, c in enumerate(self.variate)})
         return state
 
+    def saved_state(self) -> dict:
+        """As ``state_arrays``, the outer momentum as its buffer (the kernels hold gl times it:
+        ``setup``)."""
+        state = super().saved_state()
+        for i, velocity in enumerate(self.momentum if self.outer.has_state else []):
+            state[MOMENTUM_STATE.format(i)] = self.outer.buffer_from(
+                velocity, self.config.global_lr).asnumpy()
+        return state
+
     def extra_keys(self) -> list:
         """--comm-dtype float16: the deltas on keys of that type (the model's own keys stay
         float32: they carry rank 0's initial model and checkpointed state); SCAFFOLD: the
@@ -182,6 +192,9 @@ class ESync(Algorithm):
             self.lowrank.use_keys(extra[first_variate + variates:])
         self.aux = datas(w.aux)
         self.aux_sum = [nd.zeros_like(x) for x in self.aux]
+        if self.outer.has_state:       # loaded and shared as buffers; the kernels want gl x them
+            for buffer in self.momentum:
+                self.outer.velocity_from(buffer, self.config.global_lr)
 
     def announce(self, *, host: str, device: str, slowdown: float | None = None) -> None:
         """Before the training clock starts, in the training thread (as before the factor was
@@ -383,6 +396,8 @@ class ESync(Algorithm):
         in one pass where one is enough (this runs on every round of a CPU-capped device)."""
         wire = self.config.comm_dtype
         if push == 1:
+            if wire == "float32" and not self.config.overlap:
+                return delta         # new this round and not read again (overlap goes on from it)
             return delta.astype(wire, copy=True)
         scaled = delta * push
         return scaled if wire == "float32" else scaled.astype(wire)
@@ -445,11 +460,11 @@ class ESync(Algorithm):
 
     def _move_to_aggregate(self, scale: float) -> None:
         """g <- g + gl * outer_step(scale * pulled sum); every worker computes the same."""
-        for start, total, buffer in zip(self.start, self.delta_sum, self.momentum):
+        for start, total, velocity in zip(self.start, self.delta_sum, self.momentum):
             if self._narrow_wire:
                 total = total.astype("float32")
-            self.outer.update(start, total * scale if scale != 1 else total, buffer,
-                              self.config.global_lr)
+            self.outer.update(start, total, velocity, scale=scale,
+                              global_lr=self.config.global_lr)
 
     def _continue_from(self, own_deltas, carried_from=None) -> None:
         """The next round starts at g (None) or, with overlap, at g + this worker's own delta;
