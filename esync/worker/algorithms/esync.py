@@ -471,18 +471,17 @@ class ESync(Algorithm):
         with iterations carried through the exchange (``carried_from``: where the round had
         left the local model), at g + what they moved it. SCAFFOLD's per-step correction
         c - c_i is refreshed once here, not at every step."""
-        for i, (p, start, begin) in enumerate(zip(self.worker.trainable, self.start,
-                                                  self.round_start)):
+        # copyto, not set_data or [:] =, which take the slower path of a sliced assignment
+        for i, (x, start, begin) in enumerate(zip(self.weights, self.start, self.round_start)):
             if carried_from is not None:               # in place: x - end + g
-                x = self.weights[i]
                 x -= carried_from[i]
                 x += start
                 continue
             if own_deltas is not None:
                 nd.elemwise_add(start, own_deltas[i], out=begin)
             elif begin is not start:
-                begin[:] = start
-            p.set_data(begin)
+                start.copyto(begin)
+            begin.copyto(x)
         if self.variate is not None:
             for correction, c, own in zip(self.correction, self.variate, self.own_variate):
                 correction[:] = c - own
