@@ -174,8 +174,8 @@ class OuterOptimizer:
         step(scale * total), gl)`` as one of MXNet's fused optimizer kernels (``sgd_update``,
         ``sgd_mom_update``, ``nag_mom_update``, with the rate negated: they step against a
         gradient, this along a delta). One pass over the model where the arithmetic spelled
-        out took seven: on a device capped at a sixteenth of a core that was 48 ms of a
-        0.52 s round, fused 15 ms.
+        out took seven: on a device capped at a sixteenth of a core that was about 48 ms of a
+        0.52 s round, fused about 15 ms (timed at full speed, times sixteen).
 
         ``velocity`` is the kernels' momentum state, ``gl * buffer`` (``velocity_from`` and
         ``buffer_from`` convert; checkpoints keep the buffer), None without momentum. Equal to
