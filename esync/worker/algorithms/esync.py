@@ -150,11 +150,11 @@ class ESync(Algorithm):
     def saved_state(self) -> dict:
         """As ``state_arrays``, the outer momentum as its buffer (the kernels hold gl times it:
         ``setup``)."""
-        state = super().saved_state()
-        for i, velocity in enumerate(self.momentum if self.outer.has_state else []):
-            state[MOMENTUM_STATE.format(i)] = self.outer.buffer_from(
-                velocity, self.config.global_lr).asnumpy()
-        return state
+        gl = self.config.global_lr
+        momentum = ({MOMENTUM_STATE.format(i) for i in range(len(self.momentum))}
+                    if self.outer.has_state else set())
+        return {name: (self.outer.buffer_from(a, gl) if name in momentum else a).asnumpy()
+                for name, a in self.state_arrays().items()}
 
     def extra_keys(self) -> list:
         """--comm-dtype float16: the deltas on keys of that type (the model's own keys stay
