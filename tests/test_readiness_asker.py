@@ -166,3 +166,95 @@ def test_an_answer_without_a_valid_wait_or_budget_counts_as_zero():
     for bad in (True, -1.0, float("nan"), float("inf"), "0.2", None):
         assert _seconds({"wait": bad}, "wait") == 0.0, bad
     assert _seconds({"budget": 0.25}, "budget") == 0.25
+
+
+class HeldAnswers:
+    """``submit`` as ESync's questions thread gives it, with the answers held back until the
+    test releases them: what a worker does while its question travels."""
+
+    def __init__(self):
+        from concurrent.futures import Future
+        self.Future, self.held = Future, []
+
+    def __call__(self, fn, *args):
+        future = self.Future()
+        self.held.append((future, fn, args))
+        return future
+
+    def release(self):
+        for future, fn, args in self.held:
+            try:
+                future.set_result(fn(*args))
+            except Exception as exc:           # noqa: BLE001 - handed to the asker
+                future.set_exception(exc)
+        self.held.clear()
+
+
+def test_the_slowest_computes_while_its_first_question_travels():
+    clock = Clock()
+    job = JobState(num_workers=2, epsilon=0.0, policy="dynamic", clock=clock)
+    server = InProcessServer(job)
+    held = HeldAnswers()
+    slow = ReadinessAsker(server, 1, clock=clock, submit=held)
+    fast = ReadinessAsker(server, 0, clock=clock)
+    assert slow.continue_local(0, 0.0, 1)             # computes with its question unanswered
+    assert server.calls == [] and len(held.held) == 1
+    clock.now += 0.002                                # the question's transit
+    held.release()
+    assert server.calls == [(1, 0, 1)]                # it entered round 1 on arrival
+    assert fast.continue_local(0, 0.0, 1)
+    clock.now += 0.1
+    assert not slow.continue_local(1, 0.1, 1)         # ready after its iteration: waited for
+    assert held.held == [] and server.calls[-1] == (1, 1, 1)
+
+
+def test_rounds_are_the_same_with_first_questions_sent_without_waiting():
+    """Answers that arrive at once: the same k_i and the same calls as when waiting for them."""
+    def rounds(submit):
+        clock, job, server, workers = simulated_cluster({0: 0.01, 1: 0.15, 2: 0.05})
+        if submit:
+            def send(fn, *args):
+                from concurrent.futures import Future
+                future = Future()
+                future.set_result(fn(*args))
+                return future
+            for asker, _ in workers.values():
+                asker.submit = send
+        ks = [run_round(clock, job, workers, t) for t in range(1, 6)]
+        return ks, server.calls
+
+    assert rounds(True) == rounds(False)
+
+
+def test_a_lease_from_an_answer_taken_later_counts_from_its_arrival():
+    class Budget(InProcessServer):
+        def decide(self, rank, k, c, t, d=None):
+            self.calls.append((rank, k, t))
+            return Decision(False, 0.1)
+
+    clock = Clock()
+    server, held = Budget(None), HeldAnswers()
+    asker = ReadinessAsker(server, 0, clock=clock, submit=held)
+    assert asker.continue_local(0, 0.0, 1)
+    clock.now += 0.02
+    held.release()                                     # arrives at 1000.02: lease to 1000.12
+    clock.now += 0.05
+    assert asker.continue_local(1, 0.04, 1) and len(server.calls) == 1    # ends by 1000.11
+    clock.now += 0.04
+    assert asker.continue_local(2, 0.04, 1) and len(server.calls) == 2    # 1000.15: asks
+
+
+def test_a_failed_first_question_is_raised_in_the_training_thread():
+    import pytest
+    from esync.coordination.client import StateServerError
+
+    class Refusing(InProcessServer):
+        def decide(self, rank, k, c, t, d=None):
+            raise StateServerError("refused")
+
+    held = HeldAnswers()
+    asker = ReadinessAsker(Refusing(None), 0, clock=Clock(), submit=held)
+    assert asker.continue_local(0, 0.0, 1)
+    held.release()
+    with pytest.raises(StateServerError, match="refused"):
+        asker.continue_local(1, 0.01, 1)

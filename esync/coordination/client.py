@@ -272,8 +272,13 @@ class ReadinessAsker:
       burst of first questions would queue ahead of the slowest worker's, whose first question
       starts the round's clock. Its first call (k = 1, with ``t``) enters the round.
     - A worker that ran one iteration (possibly the slowest, or one whose k was unknown) asks at
-      k = 0 and waits for the answer before computing, so the server's clock for its iteration
-      never starts after the iteration does.
+      k = 0, when the answer is always "not ready" (everyone computes once). Given ``submit``
+      (how ESync sends a question without waiting: a future), it computes while the question
+      travels and takes the answer (its lease) before its next question; the server's clock for
+      its iteration then starts late by the question's transit, a millisecond or two on the
+      host's uncapped thread, where waiting cost the slowest device the round trip and, when its
+      CPU cap had run out, the rest of a CFS period (15 ms of each 0.5 s round on a x8 device).
+      Without ``submit`` it waits, so that clock never starts after the iteration does.
     - ``k`` counts the iterations carried into the round (``--carry``): a worker that carried
       some asks before its first own iteration, and may be ready without one.
     - ``wait`` keeps the last "ready"'s ``Decision.wait``: how long the slowest still computes.
@@ -283,9 +288,12 @@ class ReadinessAsker:
       millisecond on a LAN), far inside the ``c_i / N`` overshoot the automatic slack accepts.
     """
 
-    def __init__(self, client: StateClient, rank: int, *, clock=time.perf_counter, call=None):
+    def __init__(self, client: StateClient, rank: int, *, clock=time.perf_counter, call=None,
+                 submit=None):
         self.client, self.rank, self.clock = client, rank, clock
         self.call = call or (lambda fn, *args: fn(*args))   # how a question is sent
+        self.submit = submit            # how a k = 0 question is sent without waiting (a future)
+        self.pending = None             # that question's future: (answer, arrival time)
         self.lease_ends = 0.0
         self.last_round_k = 1           # before round 1 nothing is known: ask at k = 0
         self.comm = None                # the last exchange's communication time, sent once
@@ -294,6 +302,7 @@ class ReadinessAsker:
     def continue_local(self, k: int, last_c: float, t: int, *, timing=None) -> bool:
         """True: run another local iteration in round ``t`` (``k`` done, the last took
         ``last_c`` s). ``timing``: a context manager factory wrapped around each HTTP call."""
+        self._take_pending(timing)
         if k == 0:
             self.lease_ends = 0.0
             if self.last_round_k > 1:
@@ -302,6 +311,9 @@ class ReadinessAsker:
             return True
         comm, self.comm = self.comm, None
         ask = (self.client.decide, self.rank, k, last_c, t, comm)
+        if k == 0 and self.submit is not None:
+            self.pending = self.submit(self._answered, *ask)
+            return True
         if timing is None:
             decision = self.call(*ask)
         else:
@@ -314,6 +326,24 @@ class ReadinessAsker:
         # the call's wait in its queue (most of a call under load), not when it was sent.
         self.lease_ends = self.clock() + decision.budget
         return True
+
+    def _take_pending(self, timing) -> None:
+        """The answer to a k = 0 question sent without waiting (normally back long ago): its
+        lease, counted from its arrival; a failed call raises here, in the training thread."""
+        if self.pending is None:
+            return
+        future, self.pending = self.pending, None
+        if future.done() or timing is None:
+            decision, arrived = future.result()
+        else:
+            with timing():
+                decision, arrived = future.result()
+        self.lease_ends = arrived + decision.budget
+
+    def _answered(self, fn, *args):
+        """``fn(*args)`` and the moment its answer came back (where it runs)."""
+        decision = fn(*args)
+        return decision, self.clock()
 
 
 class SpeedAnnouncer:

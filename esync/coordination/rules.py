@@ -25,9 +25,12 @@ Two policies, chosen per job at ``init``:
     once at the end) instead of before each iteration (``esync.coordination.client.ReadinessAsker``).
     The worker counts the lease from the answer's arrival (the budget was computed after the
     call's wait in the server's queue, which under load is most of a call), so a lease is too
-    long for the rule as it stood by at most the answer's transit back (a worker that may be the
-    slowest waits for its k = 0 answer before computing, so it starts after the server saw it);
-    if the slowest then finishes early, the worker runs on for at most the difference.
+    long for the rule as it stood by at most the answer's transit back; a worker that may be the
+    slowest computes while its k = 0 question travels, so the server's clock for its iteration
+    starts late by that question's transit: the others' leases are then long by as much, and
+    the slowest waits for them at most that long at the exchange (a millisecond or two, against
+    the round trip, and on a throttled emulated device the rest of a CFS period, that waiting
+    for the answer cost it).
 
     The wait: a "ready" answer also says what is left of the slowest's round by the server's
     clock (``Decision.wait``, ``remaining`` above; 0 for the slowest itself and once it is

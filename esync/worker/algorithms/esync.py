@@ -10,7 +10,8 @@ momentum (``esync.worker.algorithms.aggregate`` holds the maths); batch-norm sta
   ``esync.coordination.client.ReadinessAsker`` asks it: a "not ready" answer carries a lease
   (``budget``: how long, by the server's own rule, "not ready" stays true), a fast worker skips
   the round's first question, and a worker's first call of a round enters it (no ``/reset/``).
-  A fast worker asks twice per round, not before each of its iterations.
+  A fast worker asks twice per round, not before each of its iterations; the slowest computes
+  while its first question (always "not ready") travels.
 - ``--policy planned``: no worker waits for HTTP. The exchange's control vector carries every
   worker's ``k_i`` and last iteration time ``c_i``; rank 0 reports them to the state server from a
   background thread (``POST /jobs/<job>/rounds/``) and writes the newest plan it got back into the
@@ -125,8 +126,9 @@ class ESync(Algorithm):
             with communication_threads():
                 self.questions = ThreadPoolExecutor(1, thread_name_prefix="esync-questions")
                 self.questions.submit(int).result()       # the thread starts now, uncapped
-        self.asker = ReadinessAsker(self.client, w.rank,
-                                    call=self._ask if self.questions is not None else None)
+        self.asker = ReadinessAsker(
+            self.client, w.rank, call=self._ask if self.questions is not None else None,
+            submit=self.questions.submit if self.questions is not None else None)
         if w.rank == 0:
             # Before the KVStore barrier in init: no worker reports before the job exists.
             self.client.init(w.num_workers, epsilon=cfg.epsilon, policy=cfg.policy,
