@@ -277,7 +277,8 @@ class ReadinessAsker:
       travels and takes the answer (its lease) before its next question; the server's clock for
       its iteration then starts late by the question's transit, a millisecond or two on the
       host's uncapped thread, where waiting cost the slowest device the round trip and, when its
-      CPU cap had run out, the rest of a CFS period (15 ms of each 0.5 s round on a x8 device).
+      CPU cap had run out, the rest of a CFS period (on a x8 device 17-29 ms of each round were
+      spent asking before, 8-9 ms after).
       Without ``submit`` it waits, so that clock never starts after the iteration does.
     - ``k`` counts the iterations carried into the round (``--carry``): a worker that carried
       some asks before its first own iteration, and may be ready without one.
