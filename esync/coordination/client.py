@@ -315,11 +315,7 @@ class ReadinessAsker:
         if k == 0 and self.submit is not None:
             self.pending = self.submit(self._answered, *ask)
             return True
-        if timing is None:
-            decision = self.call(*ask)
-        else:
-            with timing():
-                decision = self.call(*ask)
+        decision = self._timed(timing, self.call, *ask)
         if k > 0 and decision.ready:
             self.lease_ends, self.last_round_k, self.wait = 0.0, k, decision.wait
             return False
@@ -334,12 +330,17 @@ class ReadinessAsker:
         if self.pending is None:
             return
         future, self.pending = self.pending, None
-        if future.done() or timing is None:
-            decision, arrived = future.result()
-        else:
-            with timing():
-                decision, arrived = future.result()
+        decision, arrived = (future.result() if future.done()
+                             else self._timed(timing, future.result))
         self.lease_ends = arrived + decision.budget
+
+    @staticmethod
+    def _timed(timing, fn, *args):
+        """``fn(*args)``, inside ``timing()`` when given (the round log's "check ready")."""
+        if timing is None:
+            return fn(*args)
+        with timing():
+            return fn(*args)
 
     def _answered(self, fn, *args):
         """``fn(*args)`` and the moment its answer came back (where it runs)."""
