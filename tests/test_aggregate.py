@@ -140,3 +140,28 @@ def test_sum_applies_every_delta_in_full_n_times_the_mean_step():
     assert close(agg.total(START, DELTAS, 0.5), [1.15, -1.8])
     assert close(agg.aggregate("sum", START, DELTAS, KS, 1.0) - START,
                  len(DELTAS) * (agg.mean(START, DELTAS, 1.0) - START))
+
+
+@pytest.mark.parametrize("rule", agg.RULES)
+def test_scaffold_corrections_cancel_in_every_rule_with_unequal_steps(rule):
+    """A round's constant correction c - c_i moves delta_i by -lr k_i (c - c_i); with c the
+    variate-weighted mean of the c_i the rule's aggregate of those moves is zero, whatever the
+    k_i. The plain mean of the c_i (SCAFFOLD's, for equal k) leaves a drift unless k is equal."""
+    variates = DELTAS                                   # any three c_i
+    c = agg.global_variate(rule, variates, KS)
+    moves = [-0.1 * k * (c - ci) for k, ci in zip(KS, variates)]
+    assert close(agg.aggregate(rule, START, moves, KS), START)
+    plain = sum(variates) / 3
+    plain_moves = [-0.1 * k * (plain - ci) for k, ci in zip(KS, variates)]
+    drifts = not close(agg.aggregate(rule, START, plain_moves, KS), START)
+    assert drifts == (rule != "fednova")
+
+
+def test_global_variate_weights_by_steps_hand_computed():
+    # sum: weights (4, 2, 1): (4*(0.4,0.8) + 2*(-0.2,0.2) + (0.1,-0.6)) / 7 = (1.3, 3.0) / 7
+    assert close(agg.global_variate("sum", DELTAS, KS), [1.3 / 7, 3.0 / 7])
+    # weighted: (16, 4, 1): (6.4 - 0.8 + 0.1, 12.8 + 0.8 - 0.6) / 21
+    assert close(agg.global_variate("weighted", DELTAS, KS), [5.7 / 21, 13.0 / 21])
+    assert close(agg.global_variate("fednova", DELTAS, KS), [0.1, 0.4 / 3])
+    with pytest.raises(agg.AggregationError, match="no worker ran a step"):
+        agg.global_variate("sum", DELTAS, [0, 0, 0])

@@ -817,3 +817,50 @@ def test_scaffold_rounds_equal_the_published_rule_replayed(tmp_path, small_data)
     assert_same_model(got, replay(True))
     plain = replay(False)
     assert max(float(np.max(np.abs(got[n] - plain[n]))) for n in TRAINABLE) > 1e-5
+
+
+@pytest.mark.parametrize("rule", ["sum", "weighted"])
+def test_scaffold_global_variate_cancels_the_corrections_with_unequal_k(tmp_path, small_data,
+                                                                        rule):
+    """Two workers slowed 1x and 3x (planned policy: unequal k_i) with SCAFFOLD. After each
+    round, on every rank, c_i is option II's update of the round's delta, and c is the mean of
+    the c_i weighted by ``aggregate.variate_weight`` (sum: k_i, weighted: k_i^2), so the round's
+    corrections -lr k_i (c - c_i), taken with the rule's factors, add up to nothing. The
+    published plain mean of the c_i (right only for equal k_i) would differ: checked too."""
+    from esync.worker.algorithms import aggregate
+    dumps = tmp_path / "dumps"
+    run_cluster(tmp_path, small_data, "-m", "esync", "--workers", 2, "--policy", "planned",
+                "--slowdown", "1,3", "--aggregation", rule, "--scaffold", *NO_OUTER_MOMENTUM,
+                *ORIGINAL_ROUNDS, "-gl", 1, "-ll", LR, "-b", BATCH,
+                "--max-rounds", UNEQUAL_ROUNDS, "-e", 1, "--max-seconds", 0, "--seed", SEED,
+                "--no-evaluator", env={"ESYNC_DUMP_PUSHES": str(dumps)})
+    pushed, held = _dumps(dumps, "esync"), _dumps(dumps, "scaffold")
+    assert sorted(held) == [(r, t) for r in (0, 1) for t in range(1, UNEQUAL_ROUNDS + 1)]
+    ks = {t: [int(pushed[r, t]["k"]) for r in (0, 1)] for t in range(1, UNEQUAL_ROUNDS + 1)}
+    unequal = [t for t, k in ks.items() if k[0] != k[1]]
+    assert unequal, ks
+    c_before = [np.zeros_like(a) for a in _listed(held[0, 1], "c")]
+    own_before = {r: [np.zeros_like(a) for a in c_before] for r in (0, 1)}
+    for t in range(1, UNEQUAL_ROUNDS + 1):
+        owns = {}
+        for r in (0, 1):
+            delta, k = _listed(pushed[r, t], "delta"), ks[t][r]
+            want = [o - c - d / (k * LR) for o, c, d in zip(own_before[r], c_before, delta)]
+            owns[r] = _listed(held[r, t], "own")
+            assert _rel_error(owns[r], want) < 1e-4, (t, r)
+        cs = [_listed(held[r, t], "c") for r in (0, 1)]
+        assert _rel_error(cs[1], cs[0]) < 1e-6, t                  # the same c on every rank
+        v = [k if rule == "sum" else k * k for k in ks[t]]         # written out, not imported
+        weighted = [(v[0] * a + v[1] * b) / sum(v) for a, b in zip(owns[0], owns[1])]
+        assert _rel_error(cs[0], weighted) < 1e-4, t
+        # how far each worker's correction moves the global step, per unit of c - c_i
+        factors = [aggregate.push_weight(rule, k) * k * aggregate.sum_weight(rule, ks[t])
+                   for k in ks[t]]
+        net = [sum(f * (c - owns[r][i]) for r, f in enumerate(factors))
+               for i, c in enumerate(cs[0])]
+        assert max(float(np.max(np.abs(n))) for n in net) < 1e-4 * max(
+            float(np.max(np.abs(c))) for c in cs[0]) * sum(factors), t
+        if t in unequal:
+            plain = [(a + b) / 2 for a, b in zip(owns[0], owns[1])]
+            assert _rel_error(cs[0], plain) > 1e-2, t
+        c_before, own_before = cs[0], owns

@@ -146,6 +146,25 @@ def sum_weight(rule: str, ks) -> float:
     raise AggregationError(f"unknown aggregation rule {rule!r}; choose one of: {', '.join(RULES)}")
 
 
+def variate_weight(rule: str, k_i: int) -> float:
+    """SCAFFOLD: the weight of worker i's variate ``c_i`` in the global one, ``c = sum_i v_i c_i /
+    sum_i v_i``, with ``v_i = push_weight * k_i``: a round's constant correction ``c - c_i`` moves
+    worker i's delta by ``-lr k_i (c - c_i)``, and the rule takes that delta with a factor
+    proportional to ``push_weight``; with these weights the corrections cancel in the aggregated
+    step (``mean``, ``sum``: ``k_i``; ``weighted``: ``k_i ** 2``; ``fednova``: 1, the published
+    plain mean, as with every ``k_i`` equal)."""
+    return push_weight(rule, k_i) * k_i
+
+
+def global_variate(rule: str, variates, ks):
+    """SCAFFOLD's ``c`` from the workers' ``c_i`` and their round's ``k_i`` (``variate_weight``)."""
+    _check(variates, ks)
+    weights = [variate_weight(rule, k) for k in ks]
+    if sum(weights) <= 0:
+        raise AggregationError(f"no worker ran a step: k = {list(ks)}")
+    return _total([w * c for w, c in zip(weights, variates)]) / float(sum(weights))
+
+
 # -- the outer optimizer ---------------------------------------------------------------------------
 
 @dataclass(frozen=True)

@@ -30,10 +30,13 @@ Networks", MLSys 2020): each local step also descends ``(mu/2) |w - w_start|^2``
 a device running many steps on its own classes drifts less from the round's start; no traffic.
 
 ``--scaffold``: SCAFFOLD's control variates (Karimireddy et al., ICML 2020, option II). Each
-local step descends ``g + c - c_i`` (``c`` the workers' mean variate, the same on every rank;
-``c_i`` this worker's); after a round ``c_i <- c_i - c + (x - y_i) / (k_i * lr)`` (``x`` the
-round's start, ``y_i`` the local model: the round's mean raw gradient), and the changes of
-``c_i`` travel with the deltas through keys of their own: twice the traffic of a round.
+local step descends ``g + c - c_i`` (``c`` the global variate, the same on every rank; ``c_i``
+this worker's); after a round ``c_i <- c_i - c + (x - y_i) / (k_i * lr)`` (``x`` the round's
+start, ``y_i`` the local model: the round's mean raw gradient). ``c`` is the mean of the
+``c_i`` weighted as the rule weights their corrections (``aggregate.variate_weight``: with
+unequal ``k_i`` the published plain mean leaves the fast workers' corrections in the global
+step), and the weighted ``c_i`` travel with the deltas through keys of their own: twice the
+traffic of a round.
 
 ``--accumulate``: the local iterations sum their gradients at the round's model, which stays put;
 the delta is ``-ll`` times that sum. A round is then one SGD step on all the batches every device
@@ -378,7 +381,7 @@ class ESync(Algorithm):
         factored = self.lowrank.indices if self.lowrank is not None else ()
         pushed = [d if i in factored else self._on_the_wire(d, push)
                   for i, d in enumerate(deltas)]
-        extra = self._variate_changes(deltas)
+        extra = self._weighted_variates(deltas)
         extra_sums = self.variate_sum if extra else []
         # Pushed arrays become the keys' receive buffers (KVChannel.init): the batch-norm
         # statistics go as copies, or a forward pass would wait for an overlapped exchange.
@@ -404,18 +407,19 @@ class ESync(Algorithm):
         scaled = delta * push
         return scaled if wire == "float32" else scaled.astype(wire)
 
-    def _variate_changes(self, deltas) -> list:
-        """SCAFFOLD: c_i's new value from this round, and its change (pushed); [] without."""
+    def _weighted_variates(self, deltas) -> list:
+        """SCAFFOLD: c_i's new value from this round (the round's mean raw gradient), times its
+        weight in the global c (``aggregate.variate_weight``): pushed; [] without."""
         if self.variate is None:
             return []
-        w = self.worker
-        scale = -1.0 / (max(1, self._steps) * self.config.local_lr)   # (x - y_i) / (k_i lr)
-        changes = []
+        steps = max(1, self._steps)
+        scale = -1.0 / (steps * self.config.local_lr)          # (x - y_i) / (k_i lr)
+        weight = aggregate.variate_weight(self.config.aggregation, steps)
+        pushed = []
         for i, (c, own, d) in enumerate(zip(self.variate, self.own_variate, deltas)):
-            new = own - c + d * scale
-            changes.append(new - own)
-            self.own_variate[i] = new
-        return changes
+            self.own_variate[i] = own - c + d * scale
+            pushed.append(self.own_variate[i] * weight)
+        return pushed
 
     def _finish(self, exchange, t: int):
         """Wait for round t's sums and move g by them; the decoded control sum."""
@@ -436,9 +440,12 @@ class ESync(Algorithm):
         """Move g (and SCAFFOLD's c, the batch-norm statistics) by round t's sums."""
         w = self.worker
         self.worker_ks = control.k          # every worker's k_i, for rank 0's TensorBoard
-        if self.variate is not None:         # c <- c + mean of the changes of the c_i
+        if self.variate is not None:         # c <- sum_i v_i c_i / sum_i v_i
+            weights = sum(aggregate.variate_weight(self.config.aggregation, max(1, k))
+                          for k in control.k)
             for c, total in zip(self.variate, self.variate_sum):
-                c[:] = c + total / w.num_workers
+                c[:] = total / weights
+            self.dump("scaffold", t, c=self.variate, own=self.own_variate)
         self._move_to_aggregate(aggregate.sum_weight(self.config.aggregation, control.k))
         self.dump("global", t, model=self.start)
         for p, total in zip(w.aux, self.aux_sum):
