@@ -780,7 +780,8 @@ def test_fedprox_local_steps_descend_the_proximal_term(tmp_path, small_data):
 def test_scaffold_rounds_equal_the_published_rule_replayed(tmp_path, small_data):
     """Two workers, K local steps, mean, no outer momentum: each step descends g + c - c_i;
     after a round c_i <- c_i - c + (x - y_i) / (K lr) and c <- c + mean of the changes
-    (SCAFFOLD, option II), replayed in process. Without the variates the model differs."""
+    (SCAFFOLD, option II; with every k_i equal the weighted mean of the c_i the workers compute
+    is this), replayed in process. Without the variates the model differs."""
     rounds, k = 3, 3
     run_cluster(tmp_path, small_data, "-m", "esync", "--scaffold", "--local-iters", k,
                 *ORIGINAL_MEAN, "-gl", 1, "--workers", 2, "--slowdown", "1", "-ll", LR,
