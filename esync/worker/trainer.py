@@ -15,6 +15,7 @@ from mxnet import autograd, gluon
 
 from esync.worker import data, models
 from esync.worker.algorithms import AlgorithmConfig, Worker, algorithm_class
+from esync.worker.background import BackgroundWrites
 from esync.worker.checkpoint import CheckpointError, CheckpointStore
 from esync.common import runlayout
 from esync.common.errors import UsageError, guarded
@@ -261,6 +262,8 @@ class TrainingLoop:
         self.clock0 = time.perf_counter()  # the training clock's zero (set by run)
         algo.local_iteration = self._carried_iteration
         self.carried_losses: list[float] = []   # of iterations carried into the next round
+        # round logs, checkpoints, scalars: written off the training thread and its CPU cap
+        self.writes = BackgroundWrites()
 
     def announce(self, spent: float) -> None:
         """Tell the coordinator where this worker runs and its factor at training time ``spent``
@@ -276,6 +279,14 @@ class TrainingLoop:
             self.algo.speed_changed(slowdown)
 
     def run(self, done_rounds: int, spent: float, samples: int) -> int:
+        try:
+            return self._train(done_rounds, spent, samples)
+        except BaseException:
+            # what the rounds so far logged is kept; the error in hand is the one to report
+            self.writes.close(10.0, raise_failure=False)
+            raise
+
+    def _train(self, done_rounds: int, spent: float, samples: int) -> int:
         args, w = self.args, self.w
         capped = join_cpu_cap()                    # the device's speed from here on
         # CPU seconds the cap rations: where only compute threads joined it, the threads left
@@ -340,7 +351,7 @@ class TrainingLoop:
                 "train_loss": round(loss, 5),
                 # total_time is the training time; wall_time adds inline scoring (standalone)
                 "wall_time": round(wall, 6), **self.algo.round_extras()}
-            self.writer.write(record, elapsed, acc)
+            self.writes.submit(self.writer.write, record, elapsed, acc)
             self._announce_speed(slowdown)
             self._write_scalars(round_no, record, k, loss, elapsed,
                                 record.num_samples if round_samples is None else round_samples)
@@ -355,6 +366,7 @@ class TrainingLoop:
                       flush=True)
             if stop:
                 break
+        self.writes.close()
         self.algo.close()
         if w.host is not None:
             w.host.close()
@@ -373,9 +385,10 @@ class TrainingLoop:
         known = self.algo.worker_ks
         worker_ks = dict(enumerate(known)) if known is not None else {self.w.rank: k}
         extras = record.extras
-        self.scalars.add_round(round_no, loss=loss, compute=extras["compute_time"],
-                               round_seconds=extras["compute_time"] + extras["wait_time"],
-                               samples=samples, elapsed=elapsed, worker_ks=worker_ks)
+        self.writes.submit(self.scalars.add_round, round_no, loss=loss,
+                           compute=extras["compute_time"],
+                           round_seconds=extras["compute_time"] + extras["wait_time"],
+                           samples=samples, elapsed=elapsed, worker_ks=worker_ks)
 
     def _close_reports(self) -> None:
         if self.scalars is not None:
@@ -518,13 +531,13 @@ class TrainingLoop:
             shared = self.algo.global_model()
             arrays = {name: (shared[id(p)] if id(p) in shared else p.data()).asnumpy()
                       for name, p in models.named_parameters(self.w.net).items()}
-            self.store.save(round_no, arrays, {
+            self.writes.submit(self.store.save, round_no, arrays, {
                 "network": self.args.network, "mode": self.args.mode,
                 "total_time": round(elapsed, 6), "samples": samples,
                 "config": _jsonable(vars(self.args))},
                 state=self.algo.saved_state())
         if stop:
-            self.store.mark_done({"round": round_no, "total_time": elapsed})
+            self.writes.submit(self.store.mark_done, {"round": round_no, "total_time": elapsed})
 
 
 SECRET_KEYS = {"state_token"}     # never written to logs, configs or checkpoints
