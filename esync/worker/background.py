@@ -5,7 +5,7 @@ In a synchronous mode every worker waits for the slowest one's push, so whatever
 between two rounds delays the whole cluster when rank 0 is a slow device. Round logs of an
 emulated x8 device showed it: as rank 0 (ps-lite gives rank 0 to whichever worker registers
 first, a x8 device as often as a x1) it spent 3.1 of 40 s between rounds, about 19 ms a round
-encoding TensorBoard scalars under its twelfth of a core and 0.1-0.4 s at each checkpoint
+encoding TensorBoard scalars under its sixteenth of a core and 0.1-0.4 s at each checkpoint
 (serialised, then made durable with fsync), against 0.07 s for a x1 device that was not
 rank 0. On a real cluster these writes are the host's work, done while the accelerator
 computes; here the training thread hands them over and goes on.
