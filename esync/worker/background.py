@@ -12,7 +12,9 @@ computes; here the training thread hands them over and goes on.
 
 What is handed over must not change afterwards: the caller passes copies (``asnumpy``) of
 arrays that training moves, and new objects for each round. A failed write is raised in the
-training thread, at its next hand-over or at ``close``.
+training thread at its next hand-over, and again at every later one and at ``close``: no write
+after it is made (a round log or checkpoint after a gap would claim a history that is not on
+disk).
 """
 from __future__ import annotations
 
@@ -70,9 +72,8 @@ class BackgroundWrites:
                 self._jobs = None
 
     def _raise_failure(self) -> None:
-        failure, self._failure = self._failure, None
-        if failure is not None:
-            raise failure
+        if self._failure is not None:      # kept: every later hand-over raises it too
+            raise self._failure
 
     def _serve(self, jobs: queue.SimpleQueue) -> None:
         while (item := jobs.get()) is not None:
