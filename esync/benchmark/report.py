@@ -416,9 +416,10 @@ def shifting_section(args, setting: Setting, res: dict, labels: dict) -> list[st
     switch = setting.switch_s
     L = [f"## Scenario: a fast device slows down ({SHIFTING})", "",
          f"{setting.label} (`{' '.join(setting.argv)}`): the situation ESync's dynamic policy "
-         "is for. The planned policy fixes each device's k from the speeds it measured at "
-         "first; the dynamic policy asks the state server during every round. Same budget, "
-         "seeds and learning rates as the static rows.", "",
+         "is for. The planned policy gives each device its k at the start of every round, "
+         "from the iteration times reported in the rounds before (so it follows a change "
+         "a round or two late); the dynamic policy asks the state server during every "
+         "round. Same budget, seeds and learning rates as the static rows.", "",
          f"| Row | Time to {args.target:.2f} (s) | Speedup vs SSGD | Final accuracy "
          f"| Throughput before {switch:g} s | Throughput after | After / before |",
          "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
