@@ -720,7 +720,7 @@ def synthetic(data_dir, tmp_path, full_launcher):
     2 s; SSGD at 6 s and 8 s (after the budget); standalone SGD at 0.75 s in both."""
     args = args_for(data_dir, tmp_path, "--modes", "esync,sync,local", "--aggregations", "mean",
                     "--no-niid", "--tune-lr", "0.001,0.003", "--repeats", "2", "--budget", "4",
-                    "--target", "0.8")
+                    "--target", "0.8", "--shift-at", "2")
     out = Path(args.out)
     rows = plan.rows(args)
     settings = plan.settings(args, RATES)
@@ -1154,7 +1154,7 @@ def test_ssgd_runs_on_to_the_target_or_its_cap_in_the_static_iid_rows(data_dir, 
             assert "--target-accuracy" not in argv
 
 
-def test_shifting_rows_slow_the_second_fast_device_halfway(data_dir, tmp_path, full_launcher):
+def test_shifting_rows_slow_the_second_fast_device_after_a_quarter_of_the_budget(data_dir, tmp_path, full_launcher):
     args = args_for(data_dir, tmp_path, "--budget", "60", "--repeats", "1", "--no-niid")
     rows = plan.rows(args)
     shifting = [r for r in rows if r.scenario == "shifting"]
@@ -1170,7 +1170,7 @@ def test_shifting_rows_slow_the_second_fast_device_halfway(data_dir, tmp_path, f
     assert [j.name for j in jobs] == [r.name for r in shifting]
     for job in jobs:
         argv = job.argv
-        assert argv[argv.index("--speed-schedule") + 1] == "cpu1:1@0,6@30"
+        assert argv[argv.index("--speed-schedule") + 1] == "cpu1:1@0,6@15"
         assert job.budget == 60 and not job.extended and "--net" not in argv
         assert argv[argv.index(job.row.lr_flag) + 1] == repr(lrs[job.row.group])
     policies = [j.argv[j.argv.index("--policy") + 1] for j in jobs[:2]]
@@ -1185,7 +1185,17 @@ def test_shifting_rows_slow_the_second_fast_device_halfway(data_dir, tmp_path, f
 def test_shifting_schedule_follows_the_factors(data_dir, tmp_path, full_launcher):
     args = args_for(data_dir, tmp_path, "--workers", "3", "--slowdown", "2,4,3", "--budget",
                     "30")
-    assert plan.shift_schedule(args) == ("cpu2", "cpu2:3@0,18@15", 15.0)
+    assert plan.shift_schedule(args) == ("cpu2", "cpu2:3@0,18@7.5", 7.5)   # a quarter
+    args = args_for(data_dir, tmp_path, "--workers", "3", "--slowdown", "2,4,3", "--budget",
+                    "30", "--shift-at", "12")
+    assert plan.shift_schedule(args) == ("cpu2", "cpu2:3@0,18@12", 12.0)
+    assert "--shift-at 12" in options.canonical_command(args)
+
+
+def test_a_shift_after_the_budget_is_refused(data_dir, tmp_path, full_launcher):
+    with pytest.raises(options.UsageError, match=r"--shift-at: 40 s is not before the end of training "
+                                         r"\(--budget 40\)"):
+        args_for(data_dir, tmp_path, "--shift-at", "40")
 
 
 def test_shifting_is_left_out_where_the_launcher_cannot(data_dir, tmp_path, old_launcher):

@@ -11,7 +11,8 @@ modes again on by-class data, in the first network setting. Network settings (``
 the default): loopback, and every host in its own network namespace with links shaped to the
 rate whose compute-to-communication ratio matches a real cluster (``shaping.py``). Scenarios
 (``--scenarios``, default both): static (all of the above) and shifting (loopback, i.i.d.:
-ESync under each policy, SSGD and ASGD while the second x1 device becomes 6x slower halfway).
+ESync under each policy, SSGD and ASGD while the second x1 device becomes 6x slower after
+``--shift-at``, a quarter of the budget by default).
 
 Order: with ``--tune-lr`` (a learning-rate grid, widened while a row's best value sits at its
 edge: ``plan.widening_jobs``), first a short run of every row with each value

@@ -27,7 +27,7 @@ RUNS_DIR = "runs"             # captured output of every launcher / main.py subp
 TUNE_DIR = "tune"
 SHIFTING = "shifting"         # the scenario (and its setting's name) where a device slows down
 # In the shifting scenario the fastest device after the first becomes this many times slower
-# halfway through the budget: a fast machine that another job starts using.
+# at --shift-at (a quarter of the budget): a fast machine that another job starts using.
 SHIFT_FACTOR = 6
 SHIFT_MODES = ("esync", "sync", "async")
 SHIFT_POLICIES = ("dynamic", "planned")
@@ -237,10 +237,10 @@ def settings(args, rates: dict | None) -> list[Setting]:
 def shift_schedule(args) -> tuple[str, str, float]:
     """(device, --speed-schedule value, switch time): the fastest device after the first (the
     second x1 device of 1,1,4,8: cpu1) runs at its factor F, then at SHIFT_FACTOR x F from
-    half the budget on."""
+    ``--shift-at`` on."""
     factors = args.slowdowns
     index = min(range(1, len(factors)), key=lambda i: (factors[i], i)) if len(factors) > 1 else 0
-    f, switch = factors[index], args.budget / 2
+    f, switch = factors[index], args.shift_at
     device = f"cpu{index}"
     return device, f"{device}:{f:g}@0,{f * SHIFT_FACTOR:g}@{switch:g}", switch
 
