@@ -258,3 +258,33 @@ def test_a_failed_first_question_is_raised_in_the_training_thread():
     held.release()
     with pytest.raises(StateServerError, match="refused"):
         asker.continue_local(1, 0.01, 1)
+
+
+def test_the_slowest_carrying_enters_its_next_round_when_its_carried_iteration_starts():
+    """--carry-slowest: the slowest's carried iteration is its next round's first, begun at its
+    push. Told so then (``begin_next_round``), the server gives a fast worker a lease that ends
+    with that iteration; asked only when it has ended, the server took the slowest as not yet
+    started and gave a whole round's lease, so the fast worker pushed up to an iteration late
+    and the slowest carried a second one."""
+    def fast_lease_after_push(early: bool) -> float:
+        clock, job, server, workers = simulated_cluster({0: 0.01, 1: 0.1})
+        for t in (1, 2):
+            run_round(clock, job, workers, t)
+        (fast, _), (slow, _) = workers[0], workers[1]
+        held = HeldAnswers()
+        slow.submit = held
+        pushed = clock.now                    # both ready: round 2's exchange is under way
+        if early:
+            slow.begin_next_round(3, 0.1)     # its carried iteration starts now
+            assert server.calls[-1:] != [(1, 0, 3)] and len(held.held) == 1   # not waited for
+            clock.now += 0.001
+            held.release()
+            assert server.calls[-1] == (1, 0, 3)
+        clock.now = pushed + 0.02 + 0.01      # the sums arrive, the fast runs one iteration
+        assert fast.continue_local(1, 0.01, 3)
+        clock.now = pushed + 0.1              # the slowest's carried iteration ends: ready
+        assert not slow.continue_local(1, 0.1, 3)
+        return fast.lease_ends - pushed
+
+    assert fast_lease_after_push(early=True) <= 0.1 + 0.002     # the question's transit
+    assert fast_lease_after_push(early=False) > 0.1 + 0.029     # a whole round from its question

@@ -324,6 +324,23 @@ class ReadinessAsker:
         self.lease_ends = self.clock() + decision.budget
         return True
 
+    def begin_next_round(self, t: int, last_c: float) -> None:
+        """Round ``t``'s first iteration starts now, before the round does: the slowest device
+        carrying through the exchange (``--carry-slowest``) sends its k = 0 question as its
+        carried iteration starts, without waiting. Asked only when that iteration has ended,
+        the server would take the slowest as not yet started and give the fast workers a whole
+        round's lease from their first question; their pushes then came up to an iteration
+        after the slowest was ready, and the slowest carried a second iteration (rounds of
+        two slowest iterations in half the rounds, docs/ALGORITHM.md "Iterations carried
+        through the exchange")."""
+        if self.submit is None:
+            return
+        self._take_pending(None)
+        self.lease_ends = 0.0
+        comm, self.comm = self.comm, None
+        self.pending = self.submit(self._answered, self.client.decide, self.rank, 0, last_c, t,
+                                   comm)
+
     def _take_pending(self, timing) -> None:
         """The answer to a k = 0 question sent without waiting (normally back long ago): its
         lease, counted from its arrival; a failed call raises here, in the training thread."""

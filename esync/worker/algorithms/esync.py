@@ -311,6 +311,12 @@ class ESync(Algorithm):
             return True
         return cfg.policy == "dynamic" and (cfg.carry_slowest or self.asker.wait > 0)
 
+    def _carrying_as_slowest(self) -> bool:
+        """--carry-slowest, and this worker carries as the slowest: one iteration in the round
+        and no wait announced (a device told to wait carries anyway)."""
+        return (self.config.carry_slowest and self.config.policy == "dynamic"
+                and self.worker.round_k <= 1 and self.asker.wait <= 0)
+
     def _carry_through(self, exchange: ArraysInFlight, carried: "Carried", record) -> None:
         """--carry: local iterations until ``exchange`` (watched) has arrived, from the local
         model where the round ended; they count in the next round's delta (``_continue_from``
@@ -326,6 +332,8 @@ class ESync(Algorithm):
             if planned and (time.perf_counter() - exchange.started + w.round_c
                             > (self.last_comm or 0.0)):
                 break
+            if carried.count == 0 and self._carrying_as_slowest():
+                self.asker.begin_next_round(w.round_no + 1, w.round_c)
             carried.before_first_step()
             self.local_iteration(record)
             carried.count += 1
