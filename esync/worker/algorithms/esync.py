@@ -114,7 +114,6 @@ class ESync(Algorithm):
         self.reported = None                 # rank 0: the control sum it reported last round
         self.pending = None                  # --overlap: the exchange under way
         self.last_comm = 0.0                 # seconds the last finished exchange took
-        self.phase_seconds = [0.0, 0.0]      # the same, per phase (--low-rank sends two)
         self.last_overhead = 0.0             # seconds the last aggregation computed (not waited)
         self.round_waited = 0.0              # this aggregation's blocking waits so far
         self.questions = None                # dynamic policy: the thread that asks the server
@@ -269,21 +268,20 @@ class ESync(Algorithm):
         if self.config.overlap:
             return self.on_host(self._aggregate_overlapped, record, want_stop)
         carry = self._may_carry(want_stop)
-        as_slowest = carry and self._carrying_as_slowest()
         carried = Carried(self.weights if self.gradient_sum is None else None)
         # The arithmetic on the host's thread (Algorithm.on_host); carried iterations are the
         # device's own computing and stay in the training thread.
         with record.phase("global update"):
             exchange = self.on_host(self._start_round_exchange, want_stop, carry)
         if carry:
-            self._carry_through(exchange, carried, record, as_slowest, phase=0)
+            self._carry_through(exchange, carried, record)
         with record.phase("global update"):
             control = self.on_host(self._receive, exchange)
         if self.lowrank is not None:
             with record.phase("global update"):
                 second = self.on_host(self._start_second_factors, watch=carry)
             if carry:
-                self._carry_through(second, carried, record, as_slowest, phase=1)
+                self._carry_through(second, carried, record)
             with record.phase("global update"):
                 self.on_host(self._finish_second_factors, second)
         with record.phase("global update"):
@@ -319,30 +317,22 @@ class ESync(Algorithm):
         return (self.config.carry_slowest and self.config.policy == "dynamic"
                 and self.worker.round_k <= 1 and self.asker.wait <= 0)
 
-    def _carry_through(self, exchange: ArraysInFlight, carried: "Carried", record,
-                       as_slowest: bool = False, *, phase: int = 0) -> None:
+    def _carry_through(self, exchange: ArraysInFlight, carried: "Carried", record) -> None:
         """--carry: local iterations until ``exchange`` (watched) has arrived, from the local
         model where the round ended; they count in the next round's delta (``_continue_from``
         moves them onto the new global model). Under the dynamic policy a carried iteration may
         end after the exchange: the server sizes the next round from the slowest device's
         start, not from this one's. The planned policy's k_i fill the round after the
         exchange, so there an iteration is started only if it should end within the last
-        exchange's time. The slowest (``as_slowest``, --carry-slowest) always starts one, with
-        its next round's first question, and more only where they should end before this
-        phase of the exchange arrives (by its last duration): everyone waits for its push, so
-        an iteration of its that outlasts the exchange lengthens the round by as much, and
-        makes every other device's iterations of that round carried ones, a round stale."""
+        exchange's time."""
         w = self.worker
         began = time.perf_counter()
         planned = self.config.policy == "planned"
         while not exchange.arrived():
-            elapsed = time.perf_counter() - exchange.started
-            if planned and elapsed + w.round_c > (self.last_comm or 0.0):
+            if planned and (time.perf_counter() - exchange.started + w.round_c
+                            > (self.last_comm or 0.0)):
                 break
-            if (as_slowest and carried.count > 0
-                    and elapsed + w.round_c > self.phase_seconds[phase]):
-                break
-            if carried.count == 0 and as_slowest:
+            if carried.count == 0 and self._carrying_as_slowest():
                 self.asker.begin_next_round(w.round_no + 1, w.round_c)
             carried.before_first_step()
             self.local_iteration(record)
@@ -451,7 +441,7 @@ class ESync(Algorithm):
         """Wait for an exchange's sums (the first, with --low-rank); the decoded control sum."""
         control = exchange.wait()
         self.round_waited += exchange.waited
-        self.last_comm = self.phase_seconds[0] = exchange.seconds
+        self.last_comm = exchange.seconds
         return control
 
     def _apply(self, control, t: int) -> None:
@@ -483,7 +473,6 @@ class ESync(Algorithm):
         second.wait()
         self.round_waited += second.waited
         self.last_comm = (self.last_comm or 0.0) + second.seconds
-        self.phase_seconds[1] = second.seconds
         self.lowrank.finish(self.delta_sum)
 
     def _move_to_aggregate(self, scale: float) -> None:
