@@ -1154,7 +1154,8 @@ def test_ssgd_runs_on_to_the_target_or_its_cap_in_the_static_iid_rows(data_dir, 
             assert "--target-accuracy" not in argv
 
 
-def test_shifting_rows_slow_the_second_fast_device_after_a_quarter_of_the_budget(data_dir, tmp_path, full_launcher):
+def test_shifting_rows_slow_the_second_fast_device_after_a_quarter_of_the_budget(
+        data_dir, tmp_path, full_launcher):
     args = args_for(data_dir, tmp_path, "--budget", "60", "--repeats", "1", "--no-niid")
     rows = plan.rows(args)
     shifting = [r for r in rows if r.scenario == "shifting"]
@@ -1193,8 +1194,8 @@ def test_shifting_schedule_follows_the_factors(data_dir, tmp_path, full_launcher
 
 
 def test_a_shift_after_the_budget_is_refused(data_dir, tmp_path, full_launcher):
-    with pytest.raises(options.UsageError, match=r"--shift-at: 40 s is not before the end of training "
-                                         r"\(--budget 40\)"):
+    with pytest.raises(options.UsageError,
+                       match=r"--shift-at: 40 s is not before the end of training \(--budget 40\)"):
         args_for(data_dir, tmp_path, "--shift-at", "40")
 
 
