@@ -538,11 +538,16 @@ def test_planned_k_per_round_follows_the_policy_for_the_reported_durations(plann
     """Rank 0 logs every round's reported (k, c, d, o) and which round's plan it sent to
     everyone in that exchange; the next round's k_i of all workers must be the planned policy's
     answer for those reports: a JobState (the state server's own) with the run's round sizing,
-    fed the same reports in order."""
+    fed the same reports in order. Each worker ran its planned k, or fewer where its computing
+    would have passed 1.5x the others' planned computing (``rules.planned_continue``: a device
+    slowed down within its round; here, noise in these tiny iterations)."""
     from esync.coordination.job import JobState
     from esync.coordination.rules import RoundSizing
     rank0 = {r["num_iters"]: r for r in planned_run[0]}
-    ks = {r: [planned_run[i][r - 1]["k"] for i in range(4)] for r in rank0}
+    ks = {r: [planned_run[i][r - 1]["planned_k"] for i in range(4)] for r in rank0}
+    ran = [(log["k"], log["planned_k"]) for rounds in planned_run.values() for log in rounds]
+    assert all(1 <= k <= planned for k, planned in ran), ran
+    assert sum(k == planned for k, planned in ran) >= 0.8 * len(ran), ran
     used = {r + 1: log["plan_sent_from_round"] for r, log in rank0.items()
             if log.get("plan_sent_from_round") and r + 1 in ks}
     job = JobState(num_workers=4, policy="planned",

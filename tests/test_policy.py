@@ -767,3 +767,36 @@ def test_the_first_ready_of_a_round_asks_to_be_persisted(clock):
     job.take_changes()
     job.apply(1, 1, 0.3)
     assert job.needs_persisting()
+
+
+# -- the planned count when a device slows down within its round --------------------------------
+
+def test_the_planned_round_budget_is_the_others_planned_computing():
+    from esync.coordination.rules import planned_round_budget
+    plan, cs = [10, 10, 2, 1], [0.05, 0.05, 0.24, 0.52]
+    assert planned_round_budget(0, plan, cs) == pytest.approx(0.52)       # the slowest's one
+    assert planned_round_budget(3, plan, cs) == pytest.approx(0.5)        # without itself
+    assert planned_round_budget(0, [3], [0.1]) == 0.0                     # one worker: none
+    assert planned_round_budget(0, [10, 0], [0.05, 0.0]) == 0.0           # nothing known yet
+
+
+def test_a_device_slowed_within_its_round_stops_at_the_others_time_not_its_count():
+    from esync.coordination.rules import PLANNED_OVERRUN, planned_continue
+
+    def run(planned, durations, budget):
+        k, used = 0, 0.0
+        while planned_continue(k, planned, used, durations[k - 1] if k else 0.0, budget):
+            used += durations[k]
+            k += 1
+        return k, used
+
+    # At its planned speed the count runs, whatever the budget's slack.
+    assert run(10, [0.05] * 10, 0.52) == (10, pytest.approx(0.5))
+    assert run(10, [0.07] * 10, 0.52)[0] == 10               # 35% slower: still within 1.5x
+    # 6x slower from its third iteration on: it stops by 1.5x the others' 0.52 s, not at 3.1 s.
+    k, used = run(10, [0.05, 0.05] + [0.3] * 8, 0.52)
+    assert k == 4 and used == pytest.approx(0.7) and used <= PLANNED_OVERRUN * 0.52
+    # The first iteration always runs (a round needs a delta); unknown budget: the count.
+    assert run(10, [2.0] * 10, 0.52)[0] == 1
+    assert run(4, [0.3] * 4, 0.0)[0] == 4
+    assert run(1, [0.05], 0.52)[0] == 1                      # the slowest's one

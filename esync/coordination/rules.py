@@ -115,6 +115,36 @@ def planned_k(c_i: float, c_s: float, slack_i: float) -> int:
     return max(1, min(MAX_PLANNED_K, k))
 
 
+# A device that has slowed down within a round (another job landed on its machine) stops once
+# its round's computing would pass this many times the others' planned computing.
+PLANNED_OVERRUN = 1.5
+
+
+def planned_round_budget(rank: int, plan, durations) -> float:
+    """The computing the other workers were planned for in the coming round: the largest
+    ``k_j * c_j`` over ``j != rank`` (``plan``: every worker's k, ``durations``: every worker's
+    c, both from the last exchange); 0 when unknown (one worker, no plan yet)."""
+    return max((k * c for j, (k, c) in enumerate(zip(plan, durations))
+                if j != rank and k > 0 and c > 0), default=0.0)
+
+
+def planned_continue(k: int, planned: int, used: float, last_c: float, budget: float) -> bool:
+    """Whether a worker given ``planned`` iterations runs another after ``k`` of them (``used``
+    seconds computed in the round, the last took ``last_c``; ``budget``: the others' planned
+    computing, ``planned_round_budget``). The plan's count, unless the next iteration would
+    end after ``PLANNED_OVERRUN * budget``: a device that has become several times slower within
+    the round would otherwise run its whole count at its new speed, and everyone would wait
+    ``planned * (new c - old c)`` for it in each round until the plan hears of the change (a
+    round or two later): 3 s rounds instead of 0.5 s for a x1 device of the default cluster that
+    becomes 6x slower. At steady speeds the count ends within ``budget`` (it is what fits in
+    the slowest's time), so the count is what runs."""
+    if k >= planned:
+        return False
+    if k == 0 or budget <= 0:
+        return True
+    return used + last_c <= PLANNED_OVERRUN * budget
+
+
 @dataclass(frozen=True)
 class RoundSizing:
     """How long a round lasts besides the slowest device's one iteration (``round_length``).

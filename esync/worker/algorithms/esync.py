@@ -80,6 +80,7 @@ from esync.worker.algorithms.lowrank import LowRankWire
 from esync.common.speeds import communication_threads
 from esync.worker.algorithms.base import Algorithm, ArraysInFlight, datas
 from esync.coordination.client import ReadinessAsker, SpeedAnnouncer, StateClient
+from esync.coordination import rules
 from esync.coordination.rules import RoundSizing
 
 MOMENTUM_STATE = "outer_momentum.{}"     # checkpoint names of the outer optimizer's buffers
@@ -110,6 +111,9 @@ class ESync(Algorithm):
         self.where = None                    # (host, device) as announced: for later hellos
         self.speed_announcer = None          # made at the first speed change
         self.next_k = 1                      # planned policy: k_i of the coming round
+        self.round_budget = 0.0              # ... and the others' planned computing in it
+        self.round_computed = 0.0            # ... and this worker's computing so far
+        self.round_planned = None            # ... the k this round was planned for (logged)
         self.plan_sent = None                # round whose plan rank 0 wrote into the last push
         self.reported = None                 # rank 0: the control sum it reported last round
         self.pending = None                  # --overlap: the exchange under way
@@ -229,7 +233,12 @@ class ESync(Algorithm):
         if cfg.local_iters:
             return k < cfg.local_iters
         if cfg.policy == "planned":
-            return k < self.next_k
+            if k == 0:
+                self.round_planned, self.round_computed = self.next_k, 0.0
+            else:
+                self.round_computed += last_c
+            return rules.planned_continue(k, self.next_k, self.round_computed, last_c,
+                                          self.round_budget)
         # Iterations carried into the round count: a worker may be ready without its own
         # (with --carry-slowest the slowest's round then ends as soon as it asks)
         return self.asker.continue_local(k + self.carried_in, last_c, w.round_no,
@@ -528,6 +537,7 @@ class ESync(Algorithm):
             return
         if any(control.plan):
             self.next_k = max(1, control.plan[w.rank])
+            self.round_budget = rules.planned_round_budget(w.rank, control.plan, control.c)
         if self.reporter is not None:
             self.reporter.submit(t, control.k, control.c, control.d, control.o)
             self.reported = control
@@ -544,6 +554,9 @@ class ESync(Algorithm):
         if self.client is not None and self.config.policy == "dynamic":
             # the state server's "ready": what the slowest still computed (--carry's cue)
             extras["slowest_rest"] = round(self.asker.wait, 6)
+        if self.round_planned is not None:
+            # a k below it: the device slowed down within the round (rules.planned_continue)
+            extras["planned_k"] = self.round_planned
         if self.reporter is None or self.reported is None:
             return extras
         return dict(extras, reported_k=self.reported.k, reported_c=self.reported.c,
