@@ -310,8 +310,7 @@ class ReadinessAsker:
                 return True
         elif self.clock() + last_c <= self.lease_ends:
             return True
-        comm, self.comm = self.comm, None
-        ask = (self.client.decide, self.rank, k, last_c, t, comm)
+        ask = self._question(k, last_c, t)
         if k == 0 and self.submit is not None:
             self.pending = self.submit(self._answered, *ask)
             return True
@@ -337,9 +336,13 @@ class ReadinessAsker:
             return
         self._take_pending(None)
         self.lease_ends = 0.0
+        self.pending = self.submit(self._answered, *self._question(0, last_c, t))
+
+    def _question(self, k: int, last_c: float, t: int) -> tuple:
+        """The call to send: ``decide`` with this worker's report (and the last exchange's
+        communication time, sent once)."""
         comm, self.comm = self.comm, None
-        self.pending = self.submit(self._answered, self.client.decide, self.rank, 0, last_c, t,
-                                   comm)
+        return (self.client.decide, self.rank, k, last_c, t, comm)
 
     def _take_pending(self, timing) -> None:
         """The answer to a k = 0 question sent without waiting (normally back long ago): its

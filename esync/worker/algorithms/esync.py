@@ -80,8 +80,7 @@ from esync.worker.algorithms.lowrank import LowRankWire
 from esync.common.speeds import communication_threads
 from esync.worker.algorithms.base import Algorithm, ArraysInFlight, datas
 from esync.coordination.client import ReadinessAsker, SpeedAnnouncer, StateClient
-from esync.coordination import rules
-from esync.coordination.rules import RoundSizing
+from esync.coordination.rules import RoundSizing, planned_continue, planned_round_budget
 
 MOMENTUM_STATE = "outer_momentum.{}"     # checkpoint names of the outer optimizer's buffers
 SCAFFOLD_STATE = "scaffold_c.{}"         # checkpoint names of SCAFFOLD's global control variate
@@ -237,8 +236,8 @@ class ESync(Algorithm):
                 self.round_planned, self.round_computed = self.next_k, 0.0
             else:
                 self.round_computed += last_c
-            return rules.planned_continue(k, self.next_k, self.round_computed, last_c,
-                                          self.round_budget)
+            return planned_continue(k, self.next_k, self.round_computed, last_c,
+                                    self.round_budget)
         # Iterations carried into the round count: a worker may be ready without its own
         # (with --carry-slowest the slowest's round then ends as soon as it asks)
         return self.asker.continue_local(k + self.carried_in, last_c, w.round_no,
@@ -537,7 +536,7 @@ class ESync(Algorithm):
             return
         if any(control.plan):
             self.next_k = max(1, control.plan[w.rank])
-            self.round_budget = rules.planned_round_budget(w.rank, control.plan, control.c)
+            self.round_budget = planned_round_budget(w.rank, control.plan, control.c)
         if self.reporter is not None:
             self.reporter.submit(t, control.k, control.c, control.d, control.o)
             self.reported = control
@@ -555,7 +554,7 @@ class ESync(Algorithm):
             # the state server's "ready": what the slowest still computed (--carry's cue)
             extras["slowest_rest"] = round(self.asker.wait, 6)
         if self.round_planned is not None:
-            # a k below it: the device slowed down within the round (rules.planned_continue)
+            # a k below it: the device slowed down within the round (planned_continue)
             extras["planned_k"] = self.round_planned
         if self.reporter is None or self.reported is None:
             return extras
