@@ -36,3 +36,63 @@ def test_no_file_points_to_documents_outside_the_repository():
             if OUTSIDE_DOCS.search(line):
                 hits.append(f"{rel}:{number}: {line.strip()}")
     assert hits == [], "\n".join(hits)
+
+
+HAND_WRITTEN_DOCS = ["README.md", "state_server/README.md", "docs/ALGORITHM.md",
+                     "docs/ARCHITECTURE.md", "docs/BENCHMARK.md", "docs/RESULTS.md"]
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def github_slug(heading):
+    """The anchor GitHub gives a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[`*_]", "", heading.strip().lower())
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(markdown):
+    seen, found = {}, set()
+    in_code = False
+    for line in markdown.splitlines():
+        if line.startswith("```"):
+            in_code = not in_code
+        elif not in_code and re.match(r"#{1,6} ", line):
+            slug = github_slug(line.lstrip("#"))
+            count = seen.get(slug, 0)
+            seen[slug] = count + 1
+            found.add(slug if count == 0 else f"{slug}-{count}")
+    return found
+
+
+def test_github_slug_matches_githubs_rule():
+    assert github_slug(" The default benchmark (3 repeats, 2026-11-27, night)") == \
+        "the-default-benchmark-3-repeats-2026-11-27-night"
+    assert github_slug(" Rank 0's writes off the `training` thread") == \
+        "rank-0s-writes-off-the-training-thread"
+    assert anchors("# A\n```\n# not a heading\n```\n## A\n") == {"a", "a-1"}
+
+
+@pytest.mark.parametrize("document", HAND_WRITTEN_DOCS)
+def test_relative_links_and_anchors_in_the_docs_resolve(document):
+    """A reader who follows a link lands on a file that exists, at a heading that exists."""
+    source = REPO / document
+    broken = []
+    for target in LINK.findall(source.read_text()):
+        if re.match(r"[a-z]+:", target):
+            continue  # http(s) and mailto links are not checked offline
+        path_part, _, anchor = target.partition("#")
+        linked = (source.parent / path_part).resolve() if path_part else source
+        if not linked.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and linked.suffix == ".md" and anchor not in anchors(linked.read_text()):
+            broken.append(f"{target}: no heading with that anchor in {linked.name}")
+    assert broken == [], f"{document}:\n" + "\n".join(broken)
+
+
+@pytest.mark.parametrize("document", HAND_WRITTEN_DOCS)
+def test_every_code_fence_in_the_docs_is_closed(document):
+    """An unclosed fence turns the rest of the page into one code block (the README's
+    Kubernetes example once swallowed the two sections after it)."""
+    fences = [number for number, line in
+              enumerate((REPO / document).read_text().splitlines(), 1)
+              if line.lstrip().startswith("```")]
+    assert len(fences) % 2 == 0, f"{document}: an odd number of ``` lines, at {fences}"
