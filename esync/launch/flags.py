@@ -52,7 +52,7 @@ CLUSTER_DEFAULTS = dict(network="lenet", cpu=1, learning_rate=CLUSTER_LR, local_
 #   (docs/benchmark-byclass-s1-120s and -seeds456, 3 repeats each) it ends above ASGD and
 #   DC-ASGD (0.590 and 0.595 against at most 0.557). The default benchmark's by-class tuning
 #   (40 s runs over 3e-05..0.001) chooses 9.5e-05 too, and there it ends at 0.603 against
-#   ASGD's 0.558 (docs/benchmark); 15 s runs chose 9.5e-06, which ends at 0.423
+#   ASGD's 0.558 (docs/benchmark-2026-11-26-early); 15 s runs chose 9.5e-06, which ends at 0.423
 #   (docs/benchmark-2026-11-26-morning): a 15 s run on -s 1 cannot rank rates for a rule that
 #   takes one step per round.
 #   -ll elsewhere: CLUSTER_LR.
