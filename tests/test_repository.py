@@ -1,4 +1,5 @@
 """The checkout itself: what git ignores, and that the repository stands alone."""
+import functools
 import re
 import subprocess
 from pathlib import Path
@@ -49,11 +50,15 @@ def github_slug(heading):
     return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
 
 
+def is_fence(line):
+    return line.lstrip().startswith("```")
+
+
 def anchors(markdown):
     seen, found = {}, set()
     in_code = False
     for line in markdown.splitlines():
-        if line.startswith("```"):
+        if is_fence(line):
             in_code = not in_code
         elif not in_code and re.match(r"#{1,6} ", line):
             slug = github_slug(line.lstrip("#"))
@@ -61,6 +66,11 @@ def anchors(markdown):
             seen[slug] = count + 1
             found.add(slug if count == 0 else f"{slug}-{count}")
     return found
+
+
+@functools.lru_cache(maxsize=None)
+def anchors_of(path):
+    return anchors(path.read_text())
 
 
 def test_github_slug_matches_githubs_rule():
@@ -83,7 +93,7 @@ def test_relative_links_and_anchors_in_the_docs_resolve(document):
         linked = (source.parent / path_part).resolve() if path_part else source
         if not linked.exists():
             broken.append(f"{target}: no such file")
-        elif anchor and linked.suffix == ".md" and anchor not in anchors(linked.read_text()):
+        elif anchor and linked.suffix == ".md" and anchor not in anchors_of(linked):
             broken.append(f"{target}: no heading with that anchor in {linked.name}")
     assert broken == [], f"{document}:\n" + "\n".join(broken)
 
@@ -94,5 +104,5 @@ def test_every_code_fence_in_the_docs_is_closed(document):
     Kubernetes example once swallowed the two sections after it)."""
     fences = [number for number, line in
               enumerate((REPO / document).read_text().splitlines(), 1)
-              if line.lstrip().startswith("```")]
+              if is_fence(line)]
     assert len(fences) % 2 == 0, f"{document}: an odd number of ``` lines, at {fences}"
