@@ -89,8 +89,10 @@ def run_main_py(*argv, env=None, timeout=600):
     import subprocess
     import sys
 
+    from esync.common.procs import python_env
+
     full = {k: v for k, v in os.environ.items() if not k.startswith("DMLC_")}
-    full.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    full.update(python_env(), OMP_NUM_THREADS="1")
     full.update(env or {})
     return subprocess.run([sys.executable, "main.py", *map(str, argv)], cwd=REPO_ROOT, env=full,
                           capture_output=True, text=True, timeout=timeout)

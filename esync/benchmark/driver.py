@@ -54,8 +54,8 @@ import esync.benchmark.metrics as metrics
 import esync.benchmark.plan as plan
 import esync.benchmark.report as report
 import esync.benchmark.shaping as shaping
-from esync.benchmark.options import (PROG, UsageError, canonical_command, parse_args,
-                                     repeat_seeds)
+from esync.benchmark.options import (PROG, UsageError, canonical_command,
+                                     describe_byclass_grid, parse_args, repeat_seeds)
 from esync.benchmark.plan import child_env
 from esync.benchmark.runs import Progress, run_job, tail
 
@@ -108,7 +108,7 @@ def describe_plan(args, tune_jobs, jobs, settings, confirming=()) -> list[str]:
         byclass = any(args.splits) and args.byclass_lr_grid != args.lr_grid
         L.append(f"plan: {len(tune_jobs)} tuning run(s) ({groups} row(s) × "
                  f"{len(args.lr_grid)} rates, {args.tune_budget:g} s each"
-                 + (f"; by class {len(args.byclass_lr_grid)} rates" if byclass else "")
+                 + (f"; by class {describe_byclass_grid(args)}" if byclass else "")
                  + (f", {args.byclass_tune_budget:g} s each" if byclass
                     else f" ({args.byclass_tune_budget:g} s by class)" if any(args.splits)
                     else "")
@@ -211,14 +211,18 @@ def main(argv=None) -> int:
                 tune_jobs += more
                 tuning = metrics.best_learning_rates(tune_jobs)
 
-            # A best rate at an edge of the grid may not be the best: try beyond it.
-            while tuning and (wider := plan.widening_jobs(args, out, rows, tuning)):
-                run_more(wider, "learning-rate grid widened: ")
+            def widen():
+                """A best rate at an edge of the grid may not be the best: try beyond it."""
+                while tuning and (wider := plan.widening_jobs(args, out, rows, tuning)):
+                    run_more(wider, "learning-rate grid widened: ")
+
+            widen()
             longer = plan.lengthening_jobs(args, out, rows, tuning)
             if longer:
                 # a by-class row whose short runs have not left chance cannot rank its rates
                 run_more(longer, f"tuning runs lengthened to {longer[0].budget:g} s (no rate "
                                  f"left chance in {longer[0].budget / plan.LENGTHENING:g} s): ")
+                widen()                  # the longer runs' best may sit at an edge
             confirming = plan.confirming_jobs(args, out, rows, tuning)
             if confirming:
                 # the best rates again with the next seed: one seed cannot tell a good rate

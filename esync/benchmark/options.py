@@ -40,14 +40,22 @@ DEFAULT_AGGREGATIONS = ("weighted+nesterov=0.9+gl=0.7+share=1+carry,"
 # Nesterov momentum ends at chance on -s 1.
 DEFAULT_BYCLASS_AGGREGATIONS = "sum+share=1+accumulate"
 # -l/-ll are lr x the gradient SUMMED over the batch (the original's meaning): 0.05 on the batch
-# mean at -b 64 is 0.00078 summed. Three values a factor ~3.3 apart around it.
-DEFAULT_LR_GRID = "0.0003,0.001,0.003"
-# By-class rows learn at lower rates: on -s 1 every rate of the i.i.d. grid from 0.001 up left
-# ESync at chance, and the rows chose 9.49e-05 (ESync) and 0.0003 (ASGD, DC-ASGD) in 60 s
-# tuning runs (docs/benchmark-byclass-s1-tune60). The i.i.d. grid a step lower, plus its middle
-# value, holds those inside. SSGD takes no local steps (its averaged gradient mixes the four
-# shards' classes) and wants the i.i.d. rates: over 40 s it widened to 0.00322 (docs/benchmark).
-DEFAULT_BYCLASS_LR_GRID = "3e-05,9.49e-05,0.0003,0.001"
+# mean at -b 64 is 0.00078 summed. Three values a grid step (x3.16) apart around 0.003, which
+# every i.i.d. row chose in the default benchmarks of 2026-11-26 and 2026-11-28 over
+# 0.0003,0.001,0.003 (0.003 at the top edge, so every row was widened to 0.00949, which lost or
+# diverged in all of them: 5 extra tuning runs each time); 0.001 is a row's rate on a machine
+# fast enough to favour it, and a best rate at an edge still widens the grid.
+DEFAULT_LR_GRID = "0.001,0.003,0.01"
+# By-class rows learn at lower rates, and not all at the same: each by-class row is tuned over
+# three rates a grid step apart around its mode's choice in the default benchmarks of 2026-11-26
+# and 2026-11-28 (`auto`). On -s 1 ESync's rule chose 9.49e-05 (every rate from 0.0003 up sat
+# at chance), ASGD and DC-ASGD 0.0003 (DC-ASGD at chance at 0.001), SSGD 0.001 (it takes no
+# local steps and wants the i.i.d. rates; 0.00322 scored level with it). One grid of four
+# values for all four rows ran 16 runs of 40 s plus a widening or two; these grids run 12.
+DEFAULT_BYCLASS_LR_GRID = "auto"
+BYCLASS_LR_CENTRES = {"esync": 9.49e-05, modes.BASELINE: 0.001, "async": 0.0003, "dcasgd": 0.0003}
+BYCLASS_LR_CENTRE = 0.0003          # any other mode's
+GRID_STEP = 10 ** 0.5
 AGGREGATION_RULES = modes.AGGREGATION_RULES
 # Defaults sized so that the whole default benchmark (3 repeats; loopback and shaped links;
 # i.i.d. and by class; the shifting scenario) fits in 100 minutes on 2 cores: see
@@ -117,17 +125,40 @@ def parse_lr_grid(text: str, flag: str = "--tune-lr") -> list[float] | None:
     return values
 
 
-def parse_byclass_lr_grid(text: str, lr_grid: list[float] | None) -> list[float] | None:
-    """The by-class rows' grid: ``"same"`` -> the i.i.d. grid; none when tuning is off."""
+def parse_byclass_lr_grid(text: str, lr_grid: list[float] | None) -> list[float] | str | None:
+    """The by-class rows' grid: ``"auto"`` (each row's own, ``byclass_grid``), ``"same"`` ->
+    the i.i.d. grid, or one list for every by-class row; none when tuning is off."""
     if lr_grid is None:
         return None
+    if text.strip().lower() == "auto":
+        return "auto"
     if text.strip().lower() == "same":
         return lr_grid
     values = parse_lr_grid(text, "--byclass-tune-lr")
     if values is None:
-        raise UsageError("argument --byclass-tune-lr: give learning rates or 'same' (to turn "
-                         "tuning off for every row, use --tune-lr none)")
+        raise UsageError("argument --byclass-tune-lr: give learning rates, 'auto' or 'same' (to "
+                         "turn tuning off for every row, use --tune-lr none)")
     return values
+
+
+def byclass_grid(args, mode: str) -> list[float]:
+    """A by-class row's learning-rate grid: ``--byclass-tune-lr``'s list, or under ``auto``
+    three rates a grid step apart around its mode's centre (``BYCLASS_LR_CENTRES``)."""
+    if args.byclass_lr_grid != "auto":
+        return args.byclass_lr_grid
+    centre = BYCLASS_LR_CENTRES.get(mode, BYCLASS_LR_CENTRE)
+    return [float(f"{centre / GRID_STEP:.3g}"), centre, float(f"{centre * GRID_STEP:.3g}")]
+
+
+def describe_byclass_grid(args) -> str:
+    """``--byclass-tune-lr`` in words, for the plan and the report."""
+    if args.byclass_lr_grid != "auto":
+        return ", ".join(f"{v:g}" for v in args.byclass_lr_grid)
+    centres = {}
+    for mode, centre in BYCLASS_LR_CENTRES.items():
+        centres.setdefault(centre, []).append(modes.get(mode).label)
+    return ("three rates a grid step (x3.16) apart around its mode's rate ("
+            + "; ".join(f"{' and '.join(names)} {c:g}" for c, names in centres.items()) + ")")
 
 
 @dataclass(frozen=True)
@@ -445,9 +476,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "run of every row with each value (once for all repeats, on loopback), "
                         "then the full runs with each row's best; none: use -l/-ll")
     r.add_argument("--byclass-tune-lr", default=DEFAULT_BYCLASS_LR_GRID,
-                   help="the by-class rows' learning-rate grid (same: --tune-lr's): "
-                        "class-ordered shards learn at lower rates, and the i.i.d. grid left "
-                        "ESync at chance at every value")
+                   help="the by-class rows' learning-rate grid: auto (default: each row "
+                        "three rates around its mode's usual choice: ESync 9.49e-05, SSGD "
+                        "0.001, ASGD and DC-ASGD 0.0003), same (--tune-lr's), or one list for "
+                        "every row: class-ordered shards learn at lower rates, and the i.i.d. "
+                        "grid left ESync at chance at every value")
     r.add_argument("--tune-budget", type=positive_float, default=DEFAULT_TUNE_BUDGET,
                    help="training seconds of each tuning run")
     r.add_argument("--byclass-budget", type=positive_float, default=None,
@@ -700,7 +733,8 @@ def canonical_command(args) -> str:
             "--sync-cap-seconds", f"{_sync_cap(args):g}",
             "--tune-lr", "none" if args.lr_grid is None else ",".join(f"{v:g}"
                                                                       for v in args.lr_grid),
-            *(["--byclass-tune-lr", ",".join(f"{v:g}" for v in args.byclass_lr_grid)]
+            *(["--byclass-tune-lr", "auto" if args.byclass_lr_grid == "auto"
+               else ",".join(f"{v:g}" for v in args.byclass_lr_grid)]
               if args.byclass_lr_grid is not None else []),
             "--tune-budget", f"{args.tune_budget:g}",
             "--byclass-budget", f"{args.byclass_budget:g}",

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from esync.benchmark import options
 from esync.common import modes
+from esync.common.procs import python_env
 
 REPO = Path(__file__).resolve().parents[2]
 MAIN = REPO / "main.py"
@@ -33,12 +34,14 @@ SHIFT_MODES = ("esync", "sync", "async")
 SHIFT_POLICIES = ("dynamic", "planned")
 
 # Seconds a run takes beyond its budget (start-up, the evaluator's catch-up, the summary), as
-# measured in the last full benchmark (docs/benchmark-2026-11-27/report.md: 2 cores, CPU caps;
-# the means of its runs' seconds minus their budgets; 10.8, 14.3 and 10.7 s before the launcher
-# stopped importing MXNet and workers left their caps to exit). A standalone run also scores the
-# test set inline every -e iterations, which its training-time budget leaves out: 6.7 s over a
-# 10 s budget, 19.0 s over 40 s, i.e. 3 s plus 0.4 of the budget.
-OVERHEAD_S = {"loopback": 7.9, "netns": 11.3, "tune": 8.3}
+# measured in the last full benchmark (docs/benchmark/report.md, 2026-11-28: 2 cores, CPU caps;
+# the means of its runs' seconds minus their budgets). Most of it is eight processes importing
+# MXNet at once on two cores, so it grows on a slower machine: that run's machine took 29.8 ms
+# per iteration on one free core against 19.7 ms the day before, when the same means were 7.9,
+# 11.3 and 8.3 s. A standalone run also scores the test set inline every -e iterations, which
+# its training-time budget leaves out: 6.7 s over a 10 s budget, 19.0 s over 40 s, i.e. 3 s plus
+# 0.4 of the budget.
+OVERHEAD_S = {"loopback": 11.2, "netns": 15.5, "tune": 12.4}
 STANDALONE_OVERHEAD_S = (3.0, 0.4)      # fixed seconds, fraction of the budget
 FIXED_OVERHEAD_S = 30.0                 # measuring the shaped rate, the report, the figures
 # SSGD's i.i.d. runs may go on to this many budgets to reach the target (Table 1's speedup). At
@@ -273,18 +276,21 @@ MAX_WIDENINGS = 3      # extra grid values a group may get on each side of the g
 def widening_jobs(args, out: Path, all_rows: list[Row], tuning: dict) -> list[Job]:
     """One more tuning run for every group whose best rate sits at an edge of the rates it
     tried: the next value beyond that edge, a grid step away (the grid's own ratio; x3 for a
-    grid of one value). None when every best rate is inside its group's values (or a group has
-    been widened ``MAX_WIDENINGS`` times on that side)."""
+    grid of one value), as long as the runs that decide (a lengthened group's longer ones).
+    None when every best rate is inside its group's values (or a group has been widened
+    ``MAX_WIDENINGS`` times on that side). A group waiting to be lengthened (``undecided``) is
+    not widened: its short runs cannot rank its rates yet."""
     if not args.lr_grid:
         return []
     rows_by_group = _first_row_by_group(all_rows)
     jobs = []
     for group, entry in tuning.items():
-        tried = sorted(entry["scores"])
+        tried = sorted({*entry["scores"], *(entry.get("short_scores") or {})})
         best = entry["lr"]
-        if best is None or len(tried) < 2 or group not in rows_by_group:
+        row = rows_by_group.get(group)
+        if best is None or len(tried) < 2 or row is None or undecided(row, entry):
             continue
-        grid = lr_grid(args, rows_by_group[group])
+        grid = lr_grid(args, row)
         step = (grid[-1] / grid[0]) ** (1 / (len(grid) - 1)) if len(grid) > 1 else 3.0
         if best == tried[-1] and sum(lr > grid[-1] for lr in tried) < MAX_WIDENINGS:
             lr = best * step
@@ -293,10 +299,11 @@ def widening_jobs(args, out: Path, all_rows: list[Row], tuning: dict) -> list[Jo
         else:
             continue
         lr = float(f"{lr:.3g}")
-        root = out / TUNE_DIR / group / f"lr{lr:g}"
-        row = rows_by_group[group]
-        jobs.append(_job(args, row, LOOPBACK, 0, lr, root, tune_budget(args, row),
-                         out / RUNS_DIR / f"tune-{group}-lr{lr:g}.log"))
+        budget = max(tune_budget(args, row), entry.get("budget") or 0.0)
+        lengthened = budget > tune_budget(args, row)
+        root = out / TUNE_DIR / group / (f"lr{lr:g}-{budget:g}s" if lengthened else f"lr{lr:g}")
+        log = f"tune-{group}-lr{lr:g}" + (f"-{budget:g}s" if lengthened else "") + ".log"
+        jobs.append(_job(args, row, LOOPBACK, 0, lr, root, budget, out / RUNS_DIR / log))
     return jobs
 
 
@@ -311,24 +318,31 @@ LENGTHENED_RATES = 2    # how many of such a group's best rates run again, ...
 LENGTHENING = 2.0       # ... for this many times the tuning budget
 
 
+def undecided(row: Row, entry: dict) -> bool:
+    """Whether a by-class group's short runs all stayed under ``UNDECIDED_SCORE`` and it has
+    not yet been lengthened: its rates are still to be ranked by longer runs."""
+    if not row.split or entry.get("short_scores"):
+        return False
+    scores = [score for score in entry["scores"].values() if score is not None]
+    return bool(scores) and max(scores) < UNDECIDED_SCORE
+
+
 def lengthening_jobs(args, out: Path, all_rows: list[Row], tuning: dict) -> list[Job]:
     """Longer tuning runs (``LENGTHENING`` x the budget, seed as before) of the
-    ``LENGTHENED_RATES`` best rates of every by-class group whose best short run stayed under
-    ``UNDECIDED_SCORE``; once run, a group's longest runs decide (``best_learning_rates``).
-    Rows that learn within the short runs keep their choice, and their runs; a group is
-    lengthened once."""
+    ``LENGTHENED_RATES`` best rates of every ``undecided`` by-class group; once run, a group's
+    longest runs decide (``best_learning_rates``), and may widen its grid in turn. Rows that
+    learn within the short runs keep their choice, and their runs; a group is lengthened
+    once."""
     if not tuning:
         return []
     rows_by_group = _first_row_by_group(all_rows)
     jobs = []
     for group, entry in tuning.items():
         row = rows_by_group.get(group)
-        if row is None or not row.split or entry.get("short_scores"):
+        if row is None or not undecided(row, entry):
             continue
         known = sorted(((score, lr) for lr, score in entry["scores"].items()
                         if score is not None), key=lambda pair: (-pair[0], pair[1]))
-        if not known or known[0][0] >= UNDECIDED_SCORE:
-            continue
         budget = tune_budget(args, row) * LENGTHENING
         for _, lr in known[:LENGTHENED_RATES]:
             root = out / TUNE_DIR / group / f"lr{lr:g}-{budget:g}s"
@@ -418,9 +432,9 @@ def row_budget(args, row: Row) -> float:
 
 
 def lr_grid(args, row: Row) -> list[float]:
-    """The learning rates a row is tuned over: --byclass-tune-lr for a by-class row (its
-    parser already resolved ``same`` to the i.i.d. grid)."""
-    return args.byclass_lr_grid if row.split else args.lr_grid
+    """The learning rates a row is tuned over: --byclass-tune-lr's for a by-class row (its
+    parser already resolved ``same`` to the i.i.d. grid), --tune-lr otherwise."""
+    return options.byclass_grid(args, row.mode) if row.split else args.lr_grid
 
 
 def tune_budget(args, row: Row) -> float:
@@ -490,7 +504,7 @@ def child_env(job_or_mode) -> dict:
     (and whatever the job adds: the CPU cap's one-compute-thread variables)."""
     name = job_or_mode if isinstance(job_or_mode, str) else job_or_mode.row.mode
     env = {k: v for k, v in os.environ.items() if not k.startswith("DMLC_")}
-    env["PYTHONUNBUFFERED"] = "1"
+    env.update(python_env())
     if not modes.get(name).cluster:
         env.update(OMP_NUM_THREADS="1", MXNET_CPU_WORKER_NTHREADS="1")
     if not isinstance(job_or_mode, str):

@@ -17,7 +17,7 @@ from esync.common import modes
 from esync.benchmark import stats
 from esync.benchmark.emulation import describe as describe_emulation
 from esync.benchmark.metrics import TUNING_TOLERANCE
-from esync.benchmark.options import canonical_command, repeat_seeds
+from esync.benchmark.options import canonical_command, describe_byclass_grid, repeat_seeds
 from esync.benchmark.plan import (CLUSTER_EVAL, CONFIRMED_RATES, LENGTHENED_RATES, SHIFTING,
                                   SYNC_CAP_BUDGETS, UNDECIDED_SCORE,
                                   Job, Setting, display_argv, sync_cap, sync_target)
@@ -106,10 +106,11 @@ def tuning_section(args, tuning: dict | None, rows, labels: dict) -> list[str]:
         L += [f"Not tuned (`--tune-lr none`): `-l {args.learning_rate:g}` for SGD modes, "
               f"`-ll {args.local_lr:g}` for ESync's local steps.", ""]
         return L
-    grid = sorted({v for entry in tuning.values() for v in entry["scores"]} | set(args.lr_grid)
-                  | (set(args.byclass_lr_grid) if any(args.splits) else set()))
-    byclass = (f"tuned on by-class data over the grid "
-               f"{', '.join(f'{v:g}' for v in args.byclass_lr_grid)}"
+    grid = sorted({v for entry in tuning.values()
+                   for v in [*entry["scores"], *(entry.get("short_scores") or {})]})
+    byclass = (f"tuned on by-class data over "
+               + ("the grid " if args.byclass_lr_grid != "auto" else "")
+               + f"{describe_byclass_grid(args)}"
                f" (`--byclass-tune-lr`), for {args.byclass_tune_budget:g} s")
     L += [f"Each row's learning rate (`-l`, or `-ll` for ESync: lr × the gradient summed over "
           f"the batch) is the best of the grid {', '.join(f'{v:g}' for v in args.lr_grid)}: one short "
@@ -790,7 +791,8 @@ def write_outputs(args, text: str, *, jobs, tune_jobs, results, tuning, shaping,
                    "seeds": repeat_seeds(args),
                    "scenarios": args.scenario_list, "policy": args.policy,
                    "target": args.target, "table1_target": args.table1_target,
-                   "lr_grid": args.lr_grid, "tune_budget_s": args.tune_budget,
+                   "lr_grid": args.lr_grid, "byclass_lr_grid": args.byclass_lr_grid,
+                   "tune_budget_s": args.tune_budget,
                    "byclass_budget_s": args.byclass_budget,
                    "byclass_tune_budget_s": args.byclass_tune_budget,
                    "learning_rate": args.learning_rate, "local_lr": args.local_lr,

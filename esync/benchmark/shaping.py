@@ -31,6 +31,7 @@ import sys
 import time
 
 from esync.benchmark.plan import REPO
+from esync.common.procs import python_env
 
 REFERENCE = {"name": "ResNet-18 on GPUs in a lab on 1 GbE", "model_mb": 46.8, "link_gbit": 1.0,
              "transfer_ms": 374.0, "compute_ms": 60.0}
@@ -67,7 +68,7 @@ def measure(network: str, batch_size: int) -> dict:
 
 
 def measure_in_subprocess(network: str, batch_size: int, timeout: float = 600) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1", MXNET_CPU_WORKER_NTHREADS="1")
+    env = {**os.environ, **python_env(), "OMP_NUM_THREADS": "1", "MXNET_CPU_WORKER_NTHREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "esync.benchmark.shaping", network,
                            str(batch_size)], cwd=str(REPO), env=env, capture_output=True,
                           text=True, timeout=timeout)

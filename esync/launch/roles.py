@@ -12,6 +12,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from esync.common.procs import python_env
 from esync.common.speeds import CPU_PIN_ENV
 from esync.launch.cgroups import ONE_COMPUTE_THREAD_ENV
 
@@ -138,7 +139,7 @@ def plan_roles(config: ClusterConfig, hosts: Hosts) -> list[RoleSpec]:
             "state-server", "state",
             [config.python, "-m", "esync.coordination.service", "--host", ps.address,
              "--port", str(config.state_port)],
-            {"PYTHONUNBUFFERED": "1", "ESYNC_STATE_TOKEN": config.state_token,
+            {**python_env(), "ESYNC_STATE_TOKEN": config.state_token,
              "ESYNC_STATE_DB": config.state_db}, ps.name))
     allreduce = config.collective == "allreduce"
     slots = slot_plan([h.name for h in hosts.workers]) if allreduce else []
@@ -147,7 +148,7 @@ def plan_roles(config: ClusterConfig, hosts: Hosts) -> list[RoleSpec]:
             "rendezvous", "rendezvous",
             [config.python, "-m", "esync.launch.rendezvous", "--host", ps.address,
              "--port", str(config.port), "--workers", ",".join(h.name for h in hosts.workers)],
-            {"PYTHONUNBUFFERED": "1"}, ps.name))
+            python_env(), ps.name))
     else:
         specs.append(RoleSpec("scheduler", "scheduler", list(main),
                               _dmlc_env(config, ps, ps, "scheduler"), ps.name))
@@ -159,7 +160,7 @@ def plan_roles(config: ClusterConfig, hosts: Hosts) -> list[RoleSpec]:
     if config.state_port is not None:
         state = ["--state-server-ip", ps.address, "--state-server-port", str(config.state_port)]
     if config.evaluator:
-        env = {"PYTHONUNBUFFERED": "1", "DMLC_ROLE": "evaluator",
+        env = {**python_env(), "DMLC_ROLE": "evaluator",
                "OMP_NUM_THREADS": str(config.threads)}
         if config.state_port is not None:
             env["ESYNC_STATE_TOKEN"] = config.state_token     # it posts scores to the dashboard
@@ -235,14 +236,14 @@ HOROVOD_CYCLE_MS = "20"
 
 def _horovod_env(config: ClusterConfig, ps: Host, host: Host, slot: dict) -> dict[str, str]:
     interface = host.interface or ("lo" if host.address.startswith("127.") else "")
-    return {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(config.threads),
+    return {**python_env(), "OMP_NUM_THREADS": str(config.threads),
             "MXNET_CPU_WORKER_NTHREADS": "1",
             "HOROVOD_CYCLE_TIME": config.horovod_cycle_ms,
             **slot_env(slot, ps.address, config.port, interface)}
 
 
 def _dmlc_env(config: ClusterConfig, ps: Host, host: Host, role: str) -> dict[str, str]:
-    env = {"PYTHONUNBUFFERED": "1", "DMLC_ROLE": role,
+    env = {**python_env(), "DMLC_ROLE": role,
            "DMLC_PS_ROOT_URI": ps.address, "DMLC_PS_ROOT_PORT": str(config.port),
            "DMLC_NUM_SERVER": str(config.servers), "DMLC_NUM_WORKER": str(config.workers),
            "DMLC_NODE_HOST": host.address, "OMP_NUM_THREADS": str(config.threads),
