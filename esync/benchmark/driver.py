@@ -23,7 +23,7 @@ runs go on until the target or ``--sync-cap-seconds`` (the paper's Table 1). Clu
 through the launcher (``python -m esync.launch ... --max-seconds BUDGET --emulation E
 --quiet``), standalone SGD as ``main.py -m local`` on one device, under the x1 device's CPU cap
 when the cluster runs capped (``emulation.py``). The plan printed at the start estimates the
-total time from the budgets and the per-run overhead measured in the last full report.
+total time from the budgets and the per-run overhead measured in a full benchmark.
 
 Afterwards every run is summarised and ``OUT/report.md`` gives, per row and setting, the median
 and min–max over the repeats of the time to the target accuracy and of the final accuracy,
@@ -133,7 +133,7 @@ def describe_plan(args, tune_jobs, jobs, settings, confirming=()) -> list[str]:
              f"of training (SSGD's cap counted in full) + {est['overhead_s'] / 60:.0f} min of "
              f"start-up, scoring and summaries (per run: {o['loopback']:g} s on loopback, "
              f"{o['netns']:g} s with shaped links, {o['tune']:g} s per tuning run, standalone "
-             f"{fixed:g} s + {share:g} × its budget; measured in the last full report) + "
+             f"{fixed:g} s + {share:g} × its budget; measured in a full benchmark on a slow machine) + "
              f"{plan.FIXED_OVERHEAD_S / 60:.1f} min")
     return L
 

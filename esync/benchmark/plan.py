@@ -34,13 +34,14 @@ SHIFT_MODES = ("esync", "sync", "async")
 SHIFT_POLICIES = ("dynamic", "planned")
 
 # Seconds a run takes beyond its budget (start-up, the evaluator's catch-up, the summary), as
-# measured in the last full benchmark (docs/benchmark/report.md, 2026-11-28: 2 cores, CPU caps;
-# the means of its runs' seconds minus their budgets). Most of it is eight processes importing
-# MXNet at once on two cores, so it grows on a slower machine: that run's machine took 29.8 ms
-# per iteration on one free core against 19.7 ms the day before, when the same means were 7.9,
-# 11.3 and 8.3 s. A standalone run also scores the test set inline every -e iterations, which
-# its training-time budget leaves out: 6.7 s over a 10 s budget, 19.0 s over 40 s, i.e. 3 s plus
-# 0.4 of the budget.
+# measured in a full benchmark on a slow machine (docs/benchmark-2026-11-28/report.md: 2 cores,
+# CPU caps; the means of its runs' seconds minus their budgets; 29.8 ms per iteration on one
+# free core). Most of it is eight processes importing MXNet at once on two cores, so it grows
+# with a slower machine: on faster ones the same means were 7.9, 11.3 and 8.3 s (19.7 ms,
+# docs/benchmark-2026-11-27) and 10.2, 14.8 and 8.9 s (24.7 ms, docs/benchmark); the slow
+# machine's keep the estimate on the safe side. A standalone run also scores the test set
+# inline every -e iterations, which its training-time budget leaves out: 6.7 s over a 10 s
+# budget, 19.0 s over 40 s, i.e. 3 s plus 0.4 of the budget.
 OVERHEAD_S = {"loopback": 11.2, "netns": 15.5, "tune": 12.4}
 STANDALONE_OVERHEAD_S = (3.0, 0.4)      # fixed seconds, fraction of the budget
 FIXED_OVERHEAD_S = 30.0                 # measuring the shaped rate, the report, the figures
@@ -514,7 +515,7 @@ def child_env(job_or_mode) -> dict:
 
 def estimate(jobs: list[Job]) -> dict:
     """Seconds the runs should take: each its budget (SSGD's cap: at most) plus the overhead
-    per run measured in the last full benchmark (``OVERHEAD_S``), plus ``FIXED_OVERHEAD_S``."""
+    per run measured in a full benchmark (``OVERHEAD_S``), plus ``FIXED_OVERHEAD_S``."""
     training = sum(j.budget for j in jobs)
     overhead = sum(run_overhead(j) for j in jobs)
     return {"training_s": training, "overhead_s": overhead,
