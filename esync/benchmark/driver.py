@@ -133,8 +133,8 @@ def describe_plan(args, tune_jobs, jobs, settings, confirming=()) -> list[str]:
              f"of training (SSGD's cap counted in full) + {est['overhead_s'] / 60:.0f} min of "
              f"start-up, scoring and summaries (per run: {o['loopback']:g} s on loopback, "
              f"{o['netns']:g} s with shaped links, {o['tune']:g} s per tuning run, standalone "
-             f"{fixed:g} s + {share:g} × its budget; measured in a full benchmark on a slow machine) + "
-             f"{plan.FIXED_OVERHEAD_S / 60:.1f} min")
+             f"{fixed:g} s + {share:g} × its budget; measured in a full benchmark on a slow "
+             f"machine) + {plan.FIXED_OVERHEAD_S / 60:.1f} min")
     return L
 
 

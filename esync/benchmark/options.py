@@ -53,7 +53,7 @@ DEFAULT_LR_GRID = "0.001,0.003,0.01"
 # local steps and wants the i.i.d. rates; 0.00322 scored level with it). One grid of four
 # values for all four rows ran 16 runs of 40 s plus a widening or two; these grids run 12.
 DEFAULT_BYCLASS_LR_GRID = "auto"
-BYCLASS_LR_CENTRES = {"esync": 9.49e-05, modes.BASELINE: 0.001, "async": 0.0003, "dcasgd": 0.0003}
+BYCLASS_LR_CENTRES = {"esync": 9.49e-05, "sync": 0.001, "async": 0.0003, "dcasgd": 0.0003}
 BYCLASS_LR_CENTRE = 0.0003          # any other mode's
 GRID_STEP = 10 ** 0.5
 AGGREGATION_RULES = modes.AGGREGATION_RULES

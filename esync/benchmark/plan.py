@@ -277,8 +277,8 @@ MAX_WIDENINGS = 3      # extra grid values a group may get on each side of the g
 def widening_jobs(args, out: Path, all_rows: list[Row], tuning: dict) -> list[Job]:
     """One more tuning run for every group whose best rate sits at an edge of the rates it
     tried: the next value beyond that edge, a grid step away (the grid's own ratio; x3 for a
-    grid of one value), as long as the runs that decide (a lengthened group's longer ones).
-    None when every best rate is inside its group's values (or a group has been widened
+    grid of one value), with the budget of the runs that decide (a lengthened group's longer
+    ones). None when every best rate is inside its group's values (or a group has been widened
     ``MAX_WIDENINGS`` times on that side). A group waiting to be lengthened (``undecided``) is
     not widened: its short runs cannot rank its rates yet."""
     if not args.lr_grid:
