@@ -68,7 +68,8 @@ def measure(network: str, batch_size: int) -> dict:
 
 
 def measure_in_subprocess(network: str, batch_size: int, timeout: float = 600) -> dict:
-    env = {**os.environ, **python_env(), "OMP_NUM_THREADS": "1", "MXNET_CPU_WORKER_NTHREADS": "1"}
+    env = {**os.environ, **python_env(), "OMP_NUM_THREADS": "1",
+           "MXNET_CPU_WORKER_NTHREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "esync.benchmark.shaping", network,
                            str(batch_size)], cwd=str(REPO), env=env, capture_output=True,
                           text=True, timeout=timeout)
