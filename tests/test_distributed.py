@@ -730,6 +730,23 @@ def test_carry_with_one_worker_is_local_sgd(tmp_path, small_data):
                       rep.values())
 
 
+def test_the_slowest_does_not_carry_through_its_stretched_rounds(tmp_path, small_data):
+    """Rounds stretched to several of the slow device's iterations (a comm. share the tiny
+    exchange cannot meet, bounded at 0.5 s): the fast device carries through the exchanges, the
+    slow one, whose push the other waits for, never does though it runs two or more iterations
+    a round (its carried iteration would open its next round early)."""
+    rounds = 6
+    run_cluster(tmp_path, small_data, "-m", "esync", "--carry", "--policy", "dynamic",
+                "--comm-share", "0.01", "--max-round-seconds", "0.5", "--workers", 2,
+                "--slowdown", UNEQUAL_SLOWDOWN, "-ll", LR, "-b", BATCH, "--max-rounds", rounds,
+                "-e", 1, "--max-seconds", 0, "--seed", SEED, "--no-evaluator")
+    logs = device_logs(tmp_path / "lenet" / "esync")
+    slow = logs["cpu1"]
+    assert any(r["k"] >= 2 for r in slow[1:]), slow
+    assert not any(r["carried_iterations"] for r in slow[1:]), slow
+    assert any(r["carried_iterations"] for r in logs["cpu0"][:-1]), logs["cpu0"]
+
+
 def test_overlap_with_one_worker_is_local_sgd(tmp_path, small_data):
     """One worker, plain mean, no outer momentum: its continuation g + own delta is exactly the
     model the late aggregate gives, so the run is local SGD (rounds x K steps)."""

@@ -1,11 +1,13 @@
 """Rounds sized by compute and transfer (esync.coordination.rules.round_length), hand-computed,
-and how both policies of esync.coordination.job apply it."""
+how both policies of esync.coordination.job apply it, and who carries iterations through the
+exchange of such a round (esync.worker.algorithms.esync.carries)."""
 import pytest
 
 from esync.coordination.job import JobState
 from esync.coordination.limits import PolicyError
 from esync.coordination.rules import (OVERLAP_MARGIN, RoundSizing, plan_round, round_length,
                                       transfer_estimate)
+from esync.worker.algorithms.esync import carries
 
 SHARE = RoundSizing(comm_share=0.1, max_round=0.0)
 C_SLOW = 0.4                    # the x8 device's iteration
@@ -156,3 +158,19 @@ def test_with_overlap_the_planned_job_stretches_rounds_for_the_arithmetic_alone(
     job.report_round(2, [8, 8, 2, 1], C, [0.1, 0.1, 0.1, 0.05], [0.02, 0.02, 0.05, 0.2])
     # the 0.05 s transfer is hidden (T >= 1.5 x 0.05); the slowest's 0.2 s of arithmetic is not
     assert job.snapshot()["round_length"] == pytest.approx(9 * 0.2)
+
+
+@pytest.mark.parametrize("round_k,slowest,policy,wait,carry_slowest,want", [
+    (8, False, "dynamic", 0.0, False, True),     # a fast device: its exchange is idle time
+    (8, False, "planned", 0.0, False, True),
+    (3, True, "dynamic", 0.0, False, False),     # the slowest, several iterations a round
+    (3, True, "planned", 0.0, False, False),
+    (1, True, "dynamic", 0.02, False, False),    # ... even told a wait in a stretched round
+    (3, True, "dynamic", 0.0, True, True),       # ... unless --carry-slowest
+    (1, False, "dynamic", 0.02, False, True),    # told it would wait for the slowest
+    (1, False, "dynamic", 0.0, False, False),
+    (1, False, "planned", 0.02, False, False),
+])
+def test_who_carries_through_the_exchange(round_k, slowest, policy, wait, carry_slowest, want):
+    assert carries(round_k, slowest=slowest, policy=policy, told_wait=wait,
+                   carry_slowest=carry_slowest) is want

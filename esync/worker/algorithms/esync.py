@@ -80,11 +80,32 @@ from esync.worker.algorithms.lowrank import LowRankWire
 from esync.common.speeds import communication_threads
 from esync.worker.algorithms.base import Algorithm, ArraysInFlight, datas
 from esync.coordination.client import ReadinessAsker, SpeedAnnouncer, StateClient
-from esync.coordination.rules import RoundSizing, planned_continue, planned_round_budget
+from esync.coordination.rules import (RoundSizing, planned_continue, planned_round_budget,
+                                      slowest_rank)
 
 MOMENTUM_STATE = "outer_momentum.{}"     # checkpoint names of the outer optimizer's buffers
 SCAFFOLD_STATE = "scaffold_c.{}"         # checkpoint names of SCAFFOLD's global control variate
 MAX_REPORTS_PER_CALL = 64                # the state server's limit for one batch of round reports
+
+
+def carries(round_k: int, *, slowest: bool, policy: str, told_wait: float,
+            carry_slowest: bool) -> bool:
+    """Whether a worker with --carry computes through this round's exchange (``_may_carry``).
+
+    A device that ran two or more iterations in the round (at least twice as fast as the
+    slowest), unless it is the slowest of several workers (by the last exchange's durations):
+    a round stretched past one of its iterations (``--comm-share``) gives it several too, and
+    then its carried iteration opens its next round early (measured, with rounds of two of
+    the x8 device's iterations: it carried in every other round, then pushed after that one
+    iteration and waited 0.3-0.5 s for the others' round), nor when the state server, timing
+    a stretched round, tells it a wait. Under the dynamic policy also a device the state
+    server told it would wait (``told_wait``, ``Decision.wait``), and the slowest with
+    ``carry_slowest``."""
+    if slowest and not carry_slowest:
+        return False
+    if round_k > 1:
+        return True
+    return policy == "dynamic" and (carry_slowest or told_wait > 0)
 
 
 class ESync(Algorithm):
@@ -117,6 +138,7 @@ class ESync(Algorithm):
         self.reported = None                 # rank 0: the control sum it reported last round
         self.pending = None                  # --overlap: the exchange under way
         self.last_comm = 0.0                 # seconds the last finished exchange took
+        self.was_slowest = False             # the slowest by the last exchange's durations
         self.last_overhead = 0.0             # seconds the last aggregation computed (not waited)
         self.round_waited = 0.0              # this aggregation's blocking waits so far
         self.questions = None                # dynamic policy: the thread that asks the server
@@ -307,17 +329,14 @@ class ESync(Algorithm):
         self._continue_from(None, carried_from=carried.ends)
 
     def _may_carry(self, want_stop: bool) -> bool:
-        """--carry, unless the round is the last: a device that ran two or more iterations this
-        round (at least twice as fast as the slowest) or, under the dynamic policy, that the
-        state server told it would wait for the slowest (``Decision.wait``); the slowest itself,
-        whose push the others wait for, only with --carry-slowest."""
+        """--carry, unless the round is the last or the local iterations are fixed: who
+        carries is ``carries``."""
         cfg = self.config
         if not (cfg.carry and not want_stop and not cfg.local_iters
                 and self.local_iteration is not None):
             return False
-        if self.worker.round_k > 1:
-            return True
-        return cfg.policy == "dynamic" and (cfg.carry_slowest or self.asker.wait > 0)
+        return carries(self.worker.round_k, slowest=self.was_slowest, policy=cfg.policy,
+                       told_wait=self.asker.wait, carry_slowest=cfg.carry_slowest)
 
     def _carrying_as_slowest(self) -> bool:
         """--carry-slowest, and this worker carries as the slowest: one iteration in the round
@@ -529,6 +548,8 @@ class ESync(Algorithm):
         """
         cfg, w = self.config, self.worker
         self.reported = None
+        self.was_slowest = (len(control.c) > 1 and all(c > 0 for c in control.c)
+                            and slowest_rank(control.c) == w.rank)
         if self.client is None:
             return
         if cfg.policy != "planned":
