@@ -47,8 +47,10 @@ def test_a_transfer_of_six_slow_iterations_meets_the_share():
 
 def test_the_bound_holds_and_never_cuts_below_one_slow_iteration():
     bounded = RoundSizing(comm_share=0.1, max_round=3.0)
-    assert round_length(C_SLOW, 6 * C_SLOW, bounded) == 3.0
-    assert plan_round(C, epsilon="auto", length=3.0)[3] == 7        # floor(7.5 + 0.25)
+    # whole iterations of the slowest within the bound: 7 x 0.4 s
+    assert round_length(C_SLOW, 6 * C_SLOW, bounded) == pytest.approx(2.8)
+    assert plan_round(C, epsilon="auto", length=2.8) == [56, 56, 14, 7]
+    assert round_length(C_SLOW, 6 * C_SLOW, RoundSizing(comm_share=0.1, max_round=0.3)) == C_SLOW
     assert round_length(5.0, 100.0, bounded) == 5.0                  # c_s above the bound
 
 
@@ -59,23 +61,25 @@ def test_overlap_only_has_to_outlast_the_transfer():
 
 
 def test_the_aggregations_arithmetic_counts_with_the_transfer():
-    # 0.1 s of transfer + 0.2 s of arithmetic: (0.3) / (T + 0.3) <= 0.1, T >= 2.7 s
-    assert round_length(C_SLOW, 0.1, SHARE, overhead=0.2) == pytest.approx(2.7)
-    # the arithmetic alone stretches too (transfer unknown)
-    assert round_length(C_SLOW, 0.0, SHARE, overhead=0.2) == pytest.approx(1.8)
+    # 0.1 s of transfer + 0.2 s of arithmetic: (0.3) / (T + 0.3) <= 0.1, T >= 2.7 s: 7 of
+    # the slowest's iterations
+    assert round_length(C_SLOW, 0.1, SHARE, overhead=0.2) == pytest.approx(2.8)
+    # the arithmetic alone stretches too (transfer unknown): T >= 1.8 s, 5 iterations
+    assert round_length(C_SLOW, 0.0, SHARE, overhead=0.2) == pytest.approx(2.0)
     # ... but share 1 is the original's rounds whatever it costs
     assert round_length(C_SLOW, 0.1, RoundSizing(comm_share=1.0), overhead=0.2) == C_SLOW
 
 
 def test_overlap_hides_the_transfer_but_not_the_arithmetic():
     overlap = RoundSizing(comm_share=0.1, max_round=0.0, overlap=True)
-    # the transfer (0.1 s) is hidden; 0.2 s of arithmetic per round must be 10% of T + 0.2
-    assert round_length(C_SLOW, 0.1, overlap, overhead=0.2) == pytest.approx(1.8)
+    # the transfer (0.1 s) is hidden; 0.2 s of arithmetic per round must be 10% of T + 0.2:
+    # T >= 1.8 s, 5 of the slowest's iterations
+    assert round_length(C_SLOW, 0.1, overlap, overhead=0.2) == pytest.approx(2.0)
     # a long transfer still has to be outlasted
     assert round_length(C_SLOW, 6 * C_SLOW, overlap, overhead=0.2) == \
         pytest.approx(OVERLAP_MARGIN * 2.4)
     bounded = RoundSizing(comm_share=0.1, max_round=1.0, overlap=True)
-    assert round_length(C_SLOW, 0.1, bounded, overhead=0.2) == 1.0
+    assert round_length(C_SLOW, 0.1, bounded, overhead=0.2) == pytest.approx(0.8)  # 2 within 1 s
 
 
 def test_transfer_is_the_smallest_wait():
@@ -106,14 +110,56 @@ def test_dynamic_slowest_fills_a_stretched_round():
     job.enter_round(1, 2)
     assert not job.apply(1, 0, 1.0)
     clock.now += 1.0
-    first = job.decide(1, 1, 1.0)     # 2 s left: another slow iteration fits
-    assert not first.ready and first.budget == pytest.approx(2.0)
+    first = job.decide(1, 1, 1.0)     # two of its three iterations left, counted
+    assert not first.ready and first.budget == pytest.approx(2.5)
     assert not job.apply(0, 10, 0.1)  # the fast one goes on too
     clock.now += 1.0
-    assert not job.apply(1, 2, 1.0)   # 1 s left, one iteration: still fits (c + 0 <= 1)
-    clock.now += 1.05
-    assert job.apply(1, 3, 1.0)       # T reached
+    assert not job.apply(1, 2, 1.0)   # one of its iterations left
+    clock.now += 1.3
+    assert job.apply(1, 3, 1.0)       # its third: ready, although its iterations took longer
     assert job.apply(0, 30, 0.1)
+
+
+def test_dynamic_slowest_runs_its_whole_iterations_of_a_stretched_round():
+    """T = 3 of the slowest's 1 s iterations. Its iterations take longer than its c (its
+    batches, its questions): after two of them 2.9 s have passed, and the clock would stop it
+    there, an iteration early, to wait while the others fill T; counted, it runs its third."""
+    clock = FakeClock()
+    job = JobState(num_workers=2, policy="dynamic", clock=clock, epsilon=0.0,
+                   sizing=RoundSizing(comm_share=0.5, max_round=0.0))
+    job.apply(0, 1, 0.1)
+    job.apply(1, 1, 1.0, d=3.0)
+    job.enter_round(0, 2)
+    job.enter_round(1, 2)
+    assert not job.apply(1, 0, 1.0)
+    clock.now += 1.45
+    assert not job.apply(1, 1, 1.0)
+    clock.now += 1.45
+    second = job.decide(1, 2, 1.0)
+    assert not second.ready and second.budget == pytest.approx(1.5)
+    clock.now += 1.45
+    assert job.apply(1, 3, 1.0)
+
+
+def test_dynamic_stretched_round_keeps_its_length():
+    """A stretched round's T is fixed at its first decision: a worker's new transfer time
+    (sent with its first question of a round) moves the next round's, not this one's, where
+    the others' leases and the slowest's stop are already counted against it."""
+    clock = FakeClock()
+    job = JobState(num_workers=2, policy="dynamic", clock=clock, epsilon=0.0,
+                   sizing=RoundSizing(comm_share=0.5, max_round=0.0))
+    job.apply(0, 1, 0.1)
+    job.apply(1, 1, 1.0, d=3.0)       # T = 3 s, three slow iterations
+    job.enter_round(0, 2)
+    job.enter_round(1, 2)
+    assert not job.apply(1, 0, 1.0)
+    assert job.snapshot()["round_length"] == pytest.approx(3.0)
+    job.apply(0, 5, 0.1, d=0.5)       # a shorter transfer: D = 0.5 s would give T = c_s
+    assert job.snapshot()["round_length"] == pytest.approx(3.0)
+    job.enter_round(0, 3)
+    job.enter_round(1, 3)
+    assert not job.apply(1, 0, 1.0)
+    assert job.snapshot()["round_length"] == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize("sizing", [RoundSizing(comm_share=0.0), RoundSizing(comm_share=1.5),
@@ -147,8 +193,9 @@ def test_a_slow_aggregation_counts_with_the_transfer_when_rounds_are_stretched()
     job = JobState(num_workers=4, policy="planned", clock=FakeClock(), sizing=SHARE)
     job.report_round(1, [1] * 4, C)
     job.report_round(2, [8, 8, 2, 1], C, [0.1, 0.1, 0.1, 0.05], [0.02, 0.02, 0.05, 0.2])
-    # the slowest device neither trains nor exchanges for 0.05 + 0.2 s: T = 9 x 0.25
-    assert job.snapshot()["round_length"] == pytest.approx(9 * 0.25)
+    # the slowest device neither trains nor exchanges for 0.05 + 0.2 s: T >= 9 x 0.25 = 2.25 s,
+    # 6 of its iterations
+    assert job.snapshot()["round_length"] == pytest.approx(6 * C_SLOW)
 
 
 def test_with_overlap_the_planned_job_stretches_rounds_for_the_arithmetic_alone():
@@ -156,8 +203,9 @@ def test_with_overlap_the_planned_job_stretches_rounds_for_the_arithmetic_alone(
     job = JobState(num_workers=4, policy="planned", clock=FakeClock(), sizing=overlap)
     job.report_round(1, [1] * 4, C)
     job.report_round(2, [8, 8, 2, 1], C, [0.1, 0.1, 0.1, 0.05], [0.02, 0.02, 0.05, 0.2])
-    # the 0.05 s transfer is hidden (T >= 1.5 x 0.05); the slowest's 0.2 s of arithmetic is not
-    assert job.snapshot()["round_length"] == pytest.approx(9 * 0.2)
+    # the 0.05 s transfer is hidden (T >= 1.5 x 0.05); the slowest's 0.2 s of arithmetic is not:
+    # T >= 9 x 0.2 = 1.8 s, 5 of its iterations
+    assert job.snapshot()["round_length"] == pytest.approx(5 * C_SLOW)
 
 
 @pytest.mark.parametrize("round_k,slowest,policy,wait,carry_slowest,want", [

@@ -148,6 +148,9 @@ class JobState:
         self._new_records: list[ClosedRound] = []
         self._new_reports: list[tuple[int, list[int]]] = []
         self._round_changed = False
+        # Dynamic policy: a stretched round's T, fixed at its first decision (``_round_length``),
+        # and the slowest's iterations in it: (round, T, iterations), or None.
+        self._length_of_round: tuple[int, float, int] | None = None
 
     # -- the policies ---------------------------------------------------------------------
 
@@ -205,6 +208,13 @@ class JobState:
                 return self._become_ready(me, wait=c if untimed else 0.0)
             if rank == s and (not in_round or k == 0):
                 return NOT_READY
+            if rank == s and self._length_of_round is not None:
+                # A stretched round is its whole iterations: counted, not timed (each also
+                # costs it what lies outside its c: its batch, its question).
+                iterations = self._length_of_round[2]
+                if k >= iterations:
+                    return self._become_ready(me)
+                return Decision(False, (iterations - k + 0.5) * c)
             lease = length - self._slack(rank, s)
             if not in_round or not slow.started:
                 # The slowest has not started this round (or not reported in it): not ready.
@@ -520,13 +530,25 @@ class JobState:
         (overheads, per round): the largest is time its device does not train, so it counts
         against the share with the transfer (and, with overlap, alone). The dynamic policy's
         overheads are per iteration (the server's own measure, for the slack) and do not count.
+        Under the dynamic policy a stretched round keeps the T of its first decision.
         """
+        if self.policy == "dynamic" and self._length_of_round is not None:
+            if self._length_of_round[0] == self.current_round:
+                return self._length_of_round[1]
+            self._length_of_round = None
         c_s = max(worker.c for worker in self._workers)
         cost = transfer_estimate([w.comm for w in self._workers])
         overhead = 0.0
         if self.policy == "planned":
             overhead = max(w.overhead or 0.0 for w in self._workers)
-        return round_length(c_s, cost, self.sizing, overhead)
+        length = round_length(c_s, cost, self.sizing, overhead)
+        if self.policy == "dynamic" and length > c_s > 0:
+            # Every lease of the round and the slowest's own stop count against one T. Computed
+            # afresh at each decision, T moved with every report's c and d (each worker sends
+            # its d with its first question of a round), and on shaped links the x8 device
+            # stopped with more than one of its iterations left in the others' round.
+            self._length_of_round = (self.current_round, length, round(length / c_s))
+        return length
 
     @staticmethod
     def _record_comm(me: _Worker, d: float | None) -> None:

@@ -178,7 +178,8 @@ def round_length(c_s: float, comm: float, sizing: RoundSizing = COMPUTE_ONLY,
     share``. With overlap the transfer runs during the next round, which only has to outlast
     it (``T >= OVERLAP_MARGIN * comm``), and the arithmetic alone counts against the share. T
     never goes below ``c_s`` (the slowest device computes at least once) nor above
-    ``max(c_s, max_round)``.
+    ``max(c_s, max_round)``, and a stretched round is a whole number of ``c_s`` (rounded up, or
+    down to stay within the bound): the slowest device fills it as every other does.
     """
     comm, overhead = max(0.0, comm), max(0.0, overhead)
     share = sizing.comm_share
@@ -190,7 +191,14 @@ def round_length(c_s: float, comm: float, sizing: RoundSizing = COMPUTE_ONLY,
         wanted = max(wanted, OVERLAP_MARGIN * comm)
     if sizing.max_round > 0:
         wanted = min(wanted, sizing.max_round)
-    return max(c_s, wanted)
+    if wanted <= c_s or c_s <= 0:
+        return max(c_s, wanted)
+    # Whole iterations of the slowest: a round ending within one of them would leave it idle
+    # for the rest of the round while the others fill it.
+    whole = math.ceil(wanted / c_s - 1e-9)
+    if sizing.max_round > 0 and whole * c_s > sizing.max_round + 1e-9:
+        whole = math.floor(sizing.max_round / c_s + 1e-9)
+    return max(1, whole) * c_s
 
 
 def transfer_estimate(comms) -> float:
