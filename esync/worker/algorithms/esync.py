@@ -93,14 +93,12 @@ def carries(round_k: int, *, slowest: bool, policy: str, told_wait: float,
     """Whether a worker with --carry computes through this round's exchange (``_may_carry``).
 
     A device that ran two or more iterations in the round (at least twice as fast as the
-    slowest), unless it is the slowest of several workers (by the last exchange's durations):
-    a round stretched past one of its iterations (``--comm-share``) gives it several too, and
-    then its carried iteration opens its next round early (measured, with rounds of two of
-    the x8 device's iterations: it carried in every other round, then pushed after that one
-    iteration and waited 0.3-0.5 s for the others' round), nor when the state server, timing
-    a stretched round, tells it a wait. Under the dynamic policy also a device the state
-    server told it would wait (``told_wait``, ``Decision.wait``), and the slowest with
-    ``carry_slowest``."""
+    slowest) or, under the dynamic policy, one the state server told it would wait
+    (``told_wait``, ``Decision.wait``). Not the slowest of several workers (``slowest``, by the
+    last exchange's durations) unless ``carry_slowest``: the others wait for its push, and in a
+    round stretched to several of its iterations (``--comm-share``) its carried iteration
+    opened its next round early (measured: it then pushed after that one iteration and waited
+    0.3-0.5 s for the others' round)."""
     if slowest and not carry_slowest:
         return False
     if round_k > 1:
