@@ -117,6 +117,15 @@ class _Worker:
     comm: float | None = None
 
 
+@dataclass(frozen=True)
+class _StretchedRound:
+    """A round of the dynamic policy longer than the slowest's iteration: its T (``length``,
+    a whole number of the slowest's iterations, ``rules.round_length``) and that number."""
+    round: int
+    length: float
+    iterations: int
+
+
 class JobState:
     """The live state of one job: every worker's k, c, seen, ready, round; thread-safe."""
 
@@ -148,9 +157,8 @@ class JobState:
         self._new_records: list[ClosedRound] = []
         self._new_reports: list[tuple[int, list[int]]] = []
         self._round_changed = False
-        # Dynamic policy: a stretched round's T, fixed at its first decision (``_round_length``),
-        # and the slowest's iterations in it: (round, T, iterations), or None.
-        self._length_of_round: tuple[int, float, int] | None = None
+        # Dynamic policy: the stretched round under way, its T fixed (``_round_length``).
+        self._stretched: _StretchedRound | None = None
 
     # -- the policies ---------------------------------------------------------------------
 
@@ -208,13 +216,12 @@ class JobState:
                 return self._become_ready(me, wait=c if untimed else 0.0)
             if rank == s and (not in_round or k == 0):
                 return NOT_READY
-            if rank == s and self._length_of_round is not None:
+            if rank == s and self._stretched is not None:
                 # A stretched round is its whole iterations: counted, not timed (each also
                 # costs it what lies outside its c: its batch, its question).
-                iterations = self._length_of_round[2]
-                if k >= iterations:
+                if k >= self._stretched.iterations:
                     return self._become_ready(me)
-                return Decision(False, (iterations - k + 0.5) * c)
+                return Decision(False, (self._stretched.iterations - k + 0.5) * c)
             lease = length - self._slack(rank, s)
             if not in_round or not slow.started:
                 # The slowest has not started this round (or not reported in it): not ready.
@@ -530,12 +537,12 @@ class JobState:
         (overheads, per round): the largest is time its device does not train, so it counts
         against the share with the transfer (and, with overlap, alone). The dynamic policy's
         overheads are per iteration (the server's own measure, for the slack) and do not count.
-        Under the dynamic policy a stretched round keeps the T of its first decision.
+        Under the dynamic policy a stretched round keeps the T first computed in it.
         """
-        if self.policy == "dynamic" and self._length_of_round is not None:
-            if self._length_of_round[0] == self.current_round:
-                return self._length_of_round[1]
-            self._length_of_round = None
+        if self._stretched is not None:
+            if self._stretched.round == self.current_round:
+                return self._stretched.length
+            self._stretched = None
         c_s = max(worker.c for worker in self._workers)
         cost = transfer_estimate([w.comm for w in self._workers])
         overhead = 0.0
@@ -547,7 +554,7 @@ class JobState:
             # afresh at each decision, T moved with every report's c and d (each worker sends
             # its d with its first question of a round), and on shaped links the x8 device
             # stopped with more than one of its iterations left in the others' round.
-            self._length_of_round = (self.current_round, length, round(length / c_s))
+            self._stretched = _StretchedRound(self.current_round, length, round(length / c_s))
         return length
 
     @staticmethod
