@@ -357,7 +357,7 @@ def test_defaults(data_dir, tmp_path, full_launcher):
         [0.001, 0.003, 0.01], 3, 40.0, 10.0)
     assert [a.slug for a in args.aggregation_list] == [
         "weighted-nesterov0.9-gl0.7-share1-carry",
-        "weighted-nesterov0.9-gl0.7-share1-lowrank32-carry"]
+        "weighted-nesterov0.9-gl0.7-share0.2-lowrank32-carry"]
     assert [a.slug for a in args.byclass_aggregation_list] == ["sum-share1-accumulate"]
     assert args.byclass_budget == 120.0
     assert (args.scenario_list, args.emulation, args.cpu_share) == (

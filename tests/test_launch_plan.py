@@ -363,9 +363,9 @@ def test_by_class_order_accumulates_gradients_at_its_own_rate_by_default(
 @pytest.mark.parametrize("extra, want", [
     ([], (1.0, False, 0)),
     (["--net", "netns"], (1.0, False, 0)),
-    (["--net", "netns", "--bandwidth", "50mbit"], (1.0, False, 32)),
-    (["--net", "netns", "--server-bandwidth", "50mbit"], (1.0, False, 32)),
-    (["--backend", "ssh"], (1.0, False, 32)),
+    (["--net", "netns", "--bandwidth", "50mbit"], (0.2, False, 32)),
+    (["--net", "netns", "--server-bandwidth", "50mbit"], (0.2, False, 32)),
+    (["--backend", "ssh"], (0.2, False, 32)),
     (["--net", "netns", "--bandwidth", "50mbit", "--low-rank", "0"], (0.1, True, 0)),
     (["--backend", "ssh", "--overlap"], (0.1, True, 0)),
     (["--net", "netns", "--bandwidth", "50mbit", "--comm-dtype", "float16"], (0.1, True, 0)),
@@ -380,9 +380,10 @@ def test_by_class_order_accumulates_gradients_at_its_own_rate_by_default(
 def test_rounds_stretch_and_overlap_by_default_only_where_links_cost(
         tmp_path, fashion_data_dir, extra, want):
     """i.i.d. data over free links: rounds of one slowest iteration, no overlap (measured best
-    there); over shaped or other machines' links: rank-32 deltas (PowerSGD) with the same rounds,
-    or, with the deltas in full (--low-rank 0, or what excludes factors: --overlap, float16),
-    stretched rounds, overlapped; by class: never."""
+    there); over shaped or other machines' links: rank-32 deltas (PowerSGD) in rounds stretched
+    to a communication share of 0.2, not overlapped, or, with the deltas in full (--low-rank 0,
+    or what excludes factors: --overlap, float16), rounds stretched to 0.1, overlapped; by
+    class: rounds of one slowest iteration, never overlapped."""
     from esync.launch.flags import parse
     if "--backend" in extra:                   # ssh places the workers by its host file
         hostfile = tmp_path / "hosts"
@@ -456,16 +457,17 @@ def test_full_deltas_travel_as_float16_by_default_only_on_shaped_links(
 
 @pytest.mark.parametrize("extra", [[], ["--net", "netns", "--bandwidth", "50mbit"]],
                          ids=["loopback", "shaped"])
-def test_low_rank_deltas_get_the_rounds_of_free_links(tmp_path, fashion_data_dir, extra):
-    """With --low-rank an exchange costs a few percent of the model, on any link: rounds of
-    one slowest iteration, no overlap, float32 factors, unless the user says otherwise; asked
-    with --overlap it is refused, not dropped."""
+def test_low_rank_deltas_are_not_overlapped_and_stretch_less(tmp_path, fashion_data_dir, extra):
+    """With --low-rank an exchange costs a few percent of the model: no overlap, float32
+    factors, rounds of one slowest iteration on free links and stretched to a communication
+    share of 0.2 (not full deltas' 0.1) on links that cost, unless the user says otherwise;
+    asked with --overlap it is refused, not dropped."""
     from esync.common.errors import UsageError
     from esync.launch.flags import parse
     args = parse(build_parser(), ["-ld", str(tmp_path), "-dd", str(fashion_data_dir),
                                   "--workers", "2", "--low-rank", "4", *extra])
     assert (args.comm_share, args.overlap, args.comm_dtype, args.low_rank) == (
-        1.0, False, "float32", 4)
+        0.2 if extra else 1.0, False, "float32", 4)
     if not extra:
         worker = next(s for s in LocalCluster(args, build_parser()).plan() if s.kind == "worker")
         assert worker.argv[worker.argv.index("--low-rank") + 1] == "4"

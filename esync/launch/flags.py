@@ -26,8 +26,9 @@ CLUSTER_LR = 0.05 / 64
 # ESync's aggregation depends on the data split (AGGREGATION_BY_SPLIT). main.py keeps the
 # original's plain mean; `--aggregation mean --outer-momentum 0 --no-nesterov -gl 1` here too.
 # Rounds last one slowest iteration (the original's) or, on i.i.d. data over links that cost, are
-# stretched so that the exchange takes at most 10% of a round, up to 5 s (COMM_SHARE_*, below;
-# docs/ALGORITHM.md, "Rounds sized by compute and transfer").
+# stretched so that the exchange takes at most 20% of a round (rank-32 deltas, the default there)
+# or 10% (deltas in full), up to 5 s (COMM_SHARE_*, below; docs/ALGORITHM.md, "Rounds sized by
+# compute and transfer").
 CLUSTER_DEFAULTS = dict(network="lenet", cpu=1, learning_rate=CLUSTER_LR, local_lr=None,
                         eval_duration=10, max_seconds=90.0, mode="esync",
                         aggregation=None, outer_momentum=None, nesterov=None, global_lr=None,
@@ -68,17 +69,24 @@ AGGREGATION_BY_SPLIT = {
 # one slowest iteration and no overlap, since every extra local step on one device's classes is
 # drift (FedAvg's local-epochs trade-off; a 2-worker -s 1 cluster test fell to chance with
 # stretched rounds) and a one-round-late aggregate is one more round of it. On i.i.d. shards:
-# - links to other machines, or shaped ones, with the deltas in full (--low-rank 0; the default
-#   there is rank-32 factors, LOW_RANK_COSTLY_LINKS, with the rounds of free links): rounds
-#   stretched until the exchange takes at most 10% of a round, and the exchange overlapped with
-#   the next round (docs/benchmark-fp16: with float16 deltas 0.85 in 22.9 s against 26.2 s for
-#   one device on 69 Mbit links);
+# - links to other machines, or shaped ones, with the deltas as rank-32 factors (the default
+#   there, LOW_RANK_COSTLY_LINKS): rounds stretched until the exchange takes at most 20% of a
+#   round, not overlapped (the fast devices carry through it). docs/benchmark-stretched-shaped
+#   (3 repeats, 39 Mbit links): the devices compute 0.90 of the time (the x8 device 0.77, as the
+#   last to push it waits for two round trips of factors) against 0.81 in rounds of one slowest
+#   iteration, and reach 0.85 in 22.9 s against 19.5 s; docs/benchmark-stretched-shaped-seeds11
+#   (5 more seeds): 0.906, 0.85 in 25.5 s, 1.55x sooner than one device alone;
+# - the same links with the deltas in full (--low-rank 0): rounds stretched until the exchange
+#   takes at most 10% of a round, and the exchange overlapped with the next round
+#   (docs/benchmark-fp16: with float16 deltas 0.85 in 22.9 s against 26.2 s for one device on
+#   69 Mbit links);
 # - free links (every process on this machine, no rate): rounds of one slowest iteration, no
 #   overlap. docs/benchmark-loopback-rounds (3 repeats): 0.85 in 12.9 s (12.7-16.6) against
 #   16.8 s (16.5-17.3) overlapped, 19.0 s stretched to 10%, ASGD 20.9 s (20.4-24.1): where the
 #   exchange costs little, a shorter round (less drift) and a fresh aggregate are worth more
 #   than the compute an overlap or a longer round adds.
-COMM_SHARE_IID, COMM_SHARE_FREE_LINKS, COMM_SHARE_BY_CLASS = 0.1, 1.0, 1.0
+COMM_SHARE_IID, COMM_SHARE_LOW_RANK = 0.1, 0.2
+COMM_SHARE_FREE_LINKS, COMM_SHARE_BY_CLASS = 1.0, 1.0
 OVERLAP_IID, OVERLAP_FREE_LINKS, OVERLAP_BY_CLASS = True, False, False
 # --comm-dtype by link: float16 deltas where the launcher shapes the links (--net netns with a
 # rate), float32 otherwise. docs/benchmark-fp16 (3 repeats, i.i.d.): on 69 Mbit links float16
@@ -86,8 +94,8 @@ OVERLAP_IID, OVERLAP_FREE_LINKS, OVERLAP_BY_CLASS = True, False, False
 # and its casts cost the x8 device (20.9 s (16.9-21.5) against 16.8 s (16.7-20.6)).
 COMM_DTYPE_SHAPED, COMM_DTYPE_FREE = "float16", "float32"
 # --low-rank on i.i.d. data over links that cost (shaped, or other machines'): the deltas as
-# PowerSGD factors of rank 32 with rounds of one slowest iteration, no overlap (lenet: 17% of
-# the model's bytes per exchange). Three screens on 115 Mbit links, 3 repeats each, times to
+# PowerSGD factors of rank 32, not overlapped (lenet: 17% of the model's bytes per exchange).
+# Three screens on 115 Mbit links, in rounds of one slowest iteration, 3 repeats each, times to
 # 0.85: docs/benchmark-lowrank-shaped: rank 8 11.0 s (10.7-11.7), overlapped float16 deltas (the
 # previous default) 12.8 s (11.4-13.2), rank 4 13.2 s, rank 2 31.6 s, one device alone 15.7 s;
 # docs/benchmark-lowrank-shaped-16: rank 16 8.8 s (8.5-10.6), rank 8 11.4 s;
@@ -163,8 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
         "the state server stretches rounds so that the measured exchange takes at most this "
         f"share of a round (default by data split and link: {COMM_SHARE_IID:g} on i.i.d. data "
         "over shaped links or other machines' links with deltas in full (--low-rank 0), "
+        f"{COMM_SHARE_LOW_RANK:g} there with --low-rank, "
         f"{COMM_SHARE_FREE_LINKS:g} (rounds of one slowest iteration) over free links "
-        "(--net loopback, or netns without a rate) or with --low-rank, "
+        "(--net loopback, or netns without a rate), "
         f"{COMM_SHARE_BY_CLASS:g} with -s 1 or -s 2, where longer rounds are more drift)")
     parser._option_string_actions["--overlap"].help += (
         f" (default by data split and link: {'on' if OVERLAP_IID else 'off'} on i.i.d. data "
@@ -285,11 +294,13 @@ def parse(parser, argv) -> argparse.Namespace:
     free_links = args.backend == "local" and not shaped     # every process here, no rate
     if args.low_rank is None:
         args.low_rank = _default_low_rank(args, free_links)
-    # Low-rank deltas make an exchange cost a few percent of the model: rounds as on free links.
+    # Low-rank deltas make an exchange cost a few percent of the model: not overlapped (the fast
+    # devices carry through it), in rounds stretched less than full deltas' where links cost.
     cheap_exchange = free_links or bool(args.low_rank)
     if args.comm_share is None:
         args.comm_share = (COMM_SHARE_BY_CLASS if args.split_by_class
-                           else COMM_SHARE_FREE_LINKS if cheap_exchange else COMM_SHARE_IID)
+                           else COMM_SHARE_FREE_LINKS if free_links
+                           else COMM_SHARE_LOW_RANK if args.low_rank else COMM_SHARE_IID)
     if args.overlap is None:
         args.overlap = (OVERLAP_BY_CLASS if args.split_by_class
                         else OVERLAP_FREE_LINKS if cheap_exchange else OVERLAP_IID)
