@@ -541,6 +541,28 @@ def test_a_best_rate_at_an_edge_widens_the_grid_a_step_beyond_it(data_dir, tmp_p
     assert plan.widening_jobs(args, tmp_path, rows, far) == []
 
 
+def test_a_best_rate_moved_to_an_edge_by_the_second_seed_widens_with_both_seeds(
+        data_dir, tmp_path, full_launcher):
+    """Standalone SGD's seed-1 best was 0.003 (inside), the mean over both seeds then chose
+    0.01, the grid's top, which no run beyond it had challenged (default benchmark of
+    2026-11-28, noon). The value beyond runs with both seeds, so that its score is a mean over
+    the same seeds as the scores it is compared with."""
+    args = args_for(data_dir, tmp_path, "--tune-lr", "0.001,0.003,0.01", "--modes", "local",
+                    "--seed", "5")
+    rows = plan.rows(args)
+    tuning = {"local": {"lr": 0.01, "scores": {0.001: 0.68, 0.003: 0.70, 0.01: 0.72},
+                        "seeds": {0.001: 1, 0.003: 2, 0.01: 2}}}
+    wider = plan.widening_jobs(args, tmp_path, rows, tuning)
+    assert [(j.row.group, j.lr, j.seed) for j in wider] == [("local", 0.0316, 5),
+                                                            ("local", 0.0316, 6)]
+    assert [j.tag for j in wider] == ["tune local lr 0.0316", "tune local lr 0.0316 seed 6"]
+    assert len({j.root for j in wider} | {j.root for j in plan.confirming_jobs(
+        args, tmp_path, rows, tuning)}) == 4                 # no run overwrites another
+    # one seed behind the best score: one run, as before the confirmations
+    tuning["local"]["seeds"][0.01] = 1
+    assert [j.seed for j in plan.widening_jobs(args, tmp_path, rows, tuning)] == [5]
+
+
 def test_tuning_scores_the_mean_of_the_second_half_not_the_last_checkpoint(tmp_path):
     # "steady" holds 0.6 over its second half; "lucky" swings and ends higher, at 0.7
     curves = {0.001: [(1, 1.0, 0.3), (2, 2.0, 0.6), (3, 3.0, 0.6), (4, 4.0, 0.6)],

@@ -228,6 +228,7 @@ def main(argv=None) -> int:
                 # the best rates again with the next seed: one seed cannot tell a good rate
                 # from one that diverges in another
                 run_more(confirming, f"confirming with seed {args.seed + 1}: ", planned=True)
+                widen()      # the mean over both seeds may move the best to an edge
             if tuning:
                 progress.note("learning rates: " + ", ".join(
                     f"{g} {e['lr']:g}" if e["lr"] is not None else f"{g} default"

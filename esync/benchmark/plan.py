@@ -278,9 +278,11 @@ def widening_jobs(args, out: Path, all_rows: list[Row], tuning: dict) -> list[Jo
     """One more tuning run for every group whose best rate sits at an edge of the rates it
     tried: the next value beyond that edge, a grid step away (the grid's own ratio; x3 for a
     grid of one value), with the budget of the runs that decide (a lengthened group's longer
-    ones). None when every best rate is inside its group's values (or a group has been widened
-    ``MAX_WIDENINGS`` times on that side). A group waiting to be lengthened (``undecided``) is
-    not widened: its short runs cannot rank its rates yet."""
+    ones) and every seed the best rate's score averages (after ``confirming_jobs``: two), so
+    that the new value's score is a mean over the same seeds. None when every best rate is
+    inside its group's values (or a group has been widened ``MAX_WIDENINGS`` times on that
+    side). A group waiting to be lengthened (``undecided``) is not widened: its short runs
+    cannot rank its rates yet."""
     if not args.lr_grid:
         return []
     rows_by_group = _first_row_by_group(all_rows)
@@ -302,9 +304,13 @@ def widening_jobs(args, out: Path, all_rows: list[Row], tuning: dict) -> list[Jo
         lr = float(f"{lr:.3g}")
         budget = max(tune_budget(args, row), entry.get("budget") or 0.0)
         lengthened = budget > tune_budget(args, row)
-        root = out / TUNE_DIR / group / (f"lr{lr:g}-{budget:g}s" if lengthened else f"lr{lr:g}")
-        log = f"tune-{group}-lr{lr:g}" + (f"-{budget:g}s" if lengthened else "") + ".log"
-        jobs.append(_job(args, row, LOOPBACK, 0, lr, root, budget, out / RUNS_DIR / log))
+        name = f"lr{lr:g}" + (f"-{budget:g}s" if lengthened else "")
+        seeds = max(1, (entry.get("seeds") or {}).get(best, 1))
+        for seed in range(args.seed, args.seed + seeds):
+            suffix = "" if seed == args.seed else f"-seed{seed}"   # as confirming_jobs names
+            jobs.append(_job(args, row, LOOPBACK, 0, lr, out / TUNE_DIR / group / (name + suffix),
+                             budget, out / RUNS_DIR / f"tune-{group}-{name}{suffix}.log",
+                             seed=seed))
     return jobs
 
 
