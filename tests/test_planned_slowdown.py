@@ -42,6 +42,10 @@ def test_a_device_slowed_within_its_round_stops_before_its_planned_count(slowed_
     assert [log["k"] for log in stale] == [1] * len(stale), \
         [(log["k"], log["planned_k"]) for log in stale]
     slow_c = sorted(log["compute_time"] for log in slow[2:] if log["total_time"] < SHIFT_AT)
-    assert all(log["compute_time"] < 8 * slow_c[len(slow_c) // 2] for log in stale)
+    # One x16 iteration is 4x the x4 device's: 12x its median leaves room for this tiny
+    # model's twofold jitter on a busy machine (8x failed once in a full suite run, with k 1).
+    median = slow_c[len(slow_c) // 2]
+    assert all(log["compute_time"] < 12 * median for log in stale), \
+        ([log["compute_time"] for log in stale], median)
     # Once the plan has heard of the change, the x16 device is the slowest: one iteration.
     assert fast[-1]["planned_k"] == 1 and fast[-1]["k"] == 1
