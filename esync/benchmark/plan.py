@@ -307,10 +307,8 @@ def widening_jobs(args, out: Path, all_rows: list[Row], tuning: dict) -> list[Jo
         name = f"lr{lr:g}" + (f"-{budget:g}s" if lengthened else "")
         seeds = max(1, (entry.get("seeds") or {}).get(best, 1))
         for seed in range(args.seed, args.seed + seeds):
-            suffix = "" if seed == args.seed else f"-seed{seed}"   # as confirming_jobs names
-            jobs.append(_job(args, row, LOOPBACK, 0, lr, out / TUNE_DIR / group / (name + suffix),
-                             budget, out / RUNS_DIR / f"tune-{group}-{name}{suffix}.log",
-                             seed=seed))
+            root, log = _tuning_paths(args, out, group, name, seed)
+            jobs.append(_job(args, row, LOOPBACK, 0, lr, root, budget, log, seed=seed))
     return jobs
 
 
@@ -385,11 +383,18 @@ def confirming_jobs(args, out: Path, all_rows: list[Row], tuning: dict) -> list[
                         if score is not None), key=lambda pair: (-pair[0], pair[1]))
         row = rows_by_group[group]
         for _, lr in known[:confirmed_rates(row)]:
-            root = out / TUNE_DIR / group / f"lr{lr:g}-seed{seed}"
-            jobs.append(_job(args, row, LOOPBACK, 0, lr, root, tune_budget(args, row),
-                             out / RUNS_DIR / f"tune-{group}-lr{lr:g}-seed{seed}.log",
+            root, log = _tuning_paths(args, out, group, f"lr{lr:g}", seed)
+            jobs.append(_job(args, row, LOOPBACK, 0, lr, root, tune_budget(args, row), log,
                              seed=seed))
     return jobs
+
+
+def _tuning_paths(args, out: Path, group: str, name: str, seed: int) -> tuple[Path, Path]:
+    """A tuning run's folder and log: ``name`` (its rate, and budget if lengthened), with the
+    seed appended when it is not the grid's."""
+    suffix = "" if seed == args.seed else f"-seed{seed}"
+    return (out / TUNE_DIR / group / f"{name}{suffix}",
+            out / RUNS_DIR / f"tune-{group}-{name}{suffix}.log")
 
 
 def confirmed_rates(row: Row) -> int:
