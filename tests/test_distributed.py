@@ -231,7 +231,6 @@ UNEQUAL_ROUNDS, OUTER_GL = 8, 0.7
 # (which carries only through rounds of two or more iterations) saw one iteration per round
 # throughout (CI). 8x leaves the fast worker several.
 UNEQUAL_SLOWDOWN = "1,8"
-NOT_DYNAMIC_CARRY = ("exchange-then-compute", "overlap", "carry-planned")
 
 
 def _float16_sum(rule, deltas, ks):
@@ -580,7 +579,7 @@ LOW_RANK, LOW_RANK_ROUNDS = 2, 6
 
 def test_low_rank_rounds_are_powersgd_with_error_feedback_on_the_workers_deltas(tmp_path,
                                                                                 small_data):
-    """Two workers (1x, 3x: unequal k) with --low-rank 2, the weighted rule and outer Nesterov.
+    """Two workers (1x, 8x: unequal k) with --low-rank 2, the weighted rule and outer Nesterov.
     Every round each pushes the small arrays in full and rank-2 factors of conv2's kernel, the
     first dense layer and the output layer (lenet: 1.3% of the numbers), every rank holds the
     same global model after each round, and rank 0's checkpoints are the pure rule replayed on the dumped deltas:
@@ -590,7 +589,7 @@ def test_low_rank_rounds_are_powersgd_with_error_feedback_on_the_workers_deltas(
     from esync.worker.algorithms import aggregate, lowrank
     dumps = tmp_path / "dumps"
     run_cluster(tmp_path, small_data, "-m", "esync", "--policy", "planned", "--workers", 2,
-                "--slowdown", "1,3", "--aggregation", "weighted", "--outer-momentum", 0.5,
+                "--slowdown", UNEQUAL_SLOWDOWN, "--aggregation", "weighted", "--outer-momentum", 0.5,
                 "--nesterov", "-gl", OUTER_GL, "-ll", LR, *ORIGINAL_ROUNDS,
                 "--low-rank", LOW_RANK, "-b", BATCH, "--max-rounds", LOW_RANK_ROUNDS, "-e", 1,
                 "--max-seconds", 0, "--seed", SEED, "--no-evaluator",
@@ -676,7 +675,7 @@ def _assert_carried_into_the_next_delta(logs, pushed, rounds, *, some=True, slow
 @pytest.mark.parametrize("variant", ["exchange-then-compute", "overlap", "carry",
                                      "carry-planned", "carry-slowest"])
 def test_every_rank_holds_the_same_global_model_after_each_round(tmp_path, small_data, variant):
-    """Two workers (1x, 3x, 8x for the dynamic carry: unequal k under either policy) dump the global model they hold
+    """Two workers (1x, 8x: unequal k under either policy) dump the global model they hold
     after each round's sums arrived. Every rank must hold the same one: with --overlap it moves
     one round late, and each worker trains on it plus its own delta, never on another model;
     with --carry the fast worker trains on it plus its carried iterations (under the planned
@@ -687,8 +686,8 @@ def test_every_rank_holds_the_same_global_model_after_each_round(tmp_path, small
              "carry": ["--carry", "--policy", "dynamic"], "carry-planned": ["--carry"],
              "carry-slowest": ["--carry", "--carry-slowest", "--policy", "dynamic"]}[variant]
     run_cluster(tmp_path, small_data, "-m", "esync", "--policy", "planned", "--workers", 2,
-                "--slowdown", "1,3" if variant in NOT_DYNAMIC_CARRY else UNEQUAL_SLOWDOWN,
-                "-ll", LR, "-b", BATCH, "--max-rounds", OVERLAP_ROUNDS,
+                "--slowdown", UNEQUAL_SLOWDOWN, "-ll", LR, "-b", BATCH,
+                "--max-rounds", OVERLAP_ROUNDS,
                 "-e", 1, "--max-seconds", 0, "--seed", SEED, "--no-evaluator",
                 *extra, env={"ESYNC_DUMP_PUSHES": str(dumps)})
     held = _dumps(dumps, "global")
