@@ -18,7 +18,8 @@ import pytest
 from support import write_fashion_dir
 from esync import benchmark
 from esync.analysis import summary as summary_mod
-from esync.benchmark import emulation, metrics, options, plan, report, runs, shaping, stats
+from esync.benchmark import (emulation, metrics, options, pace, plan, report, runs, shaping,
+                             stats)
 from esync.common import runlayout
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "analysis"))
@@ -844,6 +845,16 @@ def test_report_shows_medians_and_ranges_side_by_side(synthetic_report):
         "not reached", "n/a", "< 0.19× (over Standalone SGD)", "0.550 (0.400–0.700)"]
 
 
+def test_report_gives_each_rows_spread_raw_and_at_the_machines_pace(synthetic_report):
+    # logmaker's devices compute at the same pace in every repeat: the spread stays as it is.
+    row = section_row(synthetic_report, "## Repeats and the machine's pace", "esync-mean")
+    ratio = f"{(CROSSING + 1) / CROSSING:.2f}×"
+    assert row[1:] == ["loopback", f"{CROSSING:.1f}, {CROSSING + 1:.1f}", row[3], ratio, ratio]
+    assert row[3].count(",") == 1 and "?" not in row[3]
+    section = synthetic_report.split("## Repeats and the machine's pace")[1].split("\n## ")[0]
+    assert "(`sync`) | loopback" not in section     # never reached 0.80 within the budget
+
+
 def test_table1_gives_ssgd_its_longer_run(synthetic_report):
     heading = "## Table 1: time to 0.80 test accuracy and speedup over SSGD"
     assert "SSGD ran until it reached 0.80 or for at most **10 s**" in synthetic_report
@@ -995,6 +1006,68 @@ def metrics_for(times, accuracies=None):
         "throughput_fraction": 0.5, "mean_computing_time_ratio": 0.7,
         "traffic_bytes_per_s": 1e6, "state_requests_per_round": 0.0}
         for t, a in zip(times, accuracies)]
+
+
+def test_repeats_scaled_to_the_rows_median_pace():
+    # Paces 50, 40, 60 ms per iteration (median 50): 30 s at 40 ms is 37.5 s at 50 ms.
+    times, paces = [20.0, 30.0, 24.0], [0.05, 0.04, 0.06]
+    assert stats.paced(times, paces) == pytest.approx([20.0, 37.5, 20.0])
+    assert stats.paced([20.0, None], [0.05, 0.04]) == pytest.approx([20.0 * 0.045 / 0.05, None])
+    assert stats.paced([20.0, 30.0], [0.05, None]) == [20.0, None]
+    assert stats.repeat_ratio(stats.spread([20.0, 30.0, 24.0], censored=True)) == 1.5
+    assert stats.repeat_ratio(stats.spread([20.0, None], censored=True)) is None   # censored
+    assert stats.repeat_ratio(stats.spread([20.0], censored=True)) is None
+    per_rep = {"esync-mean": [dict(m, x1_seconds_per_sample=p) for m, p
+                              in zip(metrics_for(times), paces)],
+               "async": metrics_for([10, 12])}                     # paces not recorded
+    rows = stats.aggregate(per_rep, horizon=60)
+    assert rows["esync-mean"]["paced_time"].values == pytest.approx((20.0, 37.5, 20.0))
+    assert rows["esync-mean"]["time"].values == (20.0, 30.0, 24.0)     # raw stays raw
+    assert rows["async"]["paced_time"] is None
+    lines = pace.section({"loopback": per_rep, "netns": {"local": per_rep["esync-mean"]},
+                          "shifting": {"local": per_rep["esync-mean"]}},
+                         target=0.85, batch=64, labels={"esync-mean": "ESync"})
+    table = [ln for ln in lines if ln.startswith("| ") and "---" not in ln][1:]
+    assert table[0] == "| ESync | loopback | 20.0, 30.0, 24.0 | 3200.0, 2560.0, 3840.0 | 1.50× | 1.88× |"
+    assert table[1] == "| async | loopback | 10.0, 12.0 | ?, ? | 1.20× | — |"
+    assert [ln.split("|")[2].strip() for ln in table[2:]] == ["netns"]   # one device alone once
+
+
+def test_x1_seconds_per_sample_is_the_fastest_x1_device():
+    def device(slowdown, computed, samples):
+        return {"slowdown": slowdown, "compute_time_list": computed,
+                "num_samples_list": samples}
+    summary = {"_totals": {}, "h": {"cpu0": device(1.0, [1.0, 1.0], [64, 64]),     # 15.6 ms
+                                    "cpu1": device(1.0, [3.0, 3.0], [64, 64]),     # slowed
+                                    "cpu2": device(4.0, [0.5], [64])}}              # a x4 device
+    assert metrics.x1_seconds_per_sample(summary) == pytest.approx(2.0 / 128)
+    assert metrics.x1_seconds_per_sample({"h": {"cpu2": device(4.0, [0.5], [64])}}) == \
+        pytest.approx(0.5 / 64)                 # the fastest factor there is
+    assert metrics.x1_seconds_per_sample({"h": {"cpu0": device(1.0, [None], [64])}}) is None
+
+
+def test_pace_command_reads_an_earlier_benchmark_folder(tmp_path, capsys):
+    """A benchmark that ran before the report had the section: the paces come from each run's
+    summary, found through benchmark.json's runs."""
+    runs, rows = [], []
+    for rep, (t, seconds) in enumerate([(20.0, 1.0), (30.0, 0.8)], start=1):
+        mode_dir = tmp_path / "runs" / f"rep{rep}" / "lenet" / "esync"
+        mode_dir.mkdir(parents=True)
+        (mode_dir / summary_mod.summary_name("esync")).write_text(json.dumps(
+            {"h": {"cpu0": {"slowdown": 1.0, "compute_time_list": [seconds],
+                            "num_samples_list": [64]}}}))
+        runs.append({"setting": "loopback", "rep": rep, "name": "esync-mean",
+                     "folder": str(mode_dir)})
+        rows.append({"time_to_target": t})
+    (tmp_path / "benchmark.json").write_text(json.dumps({
+        "config": {"target": 0.85, "batch_size": 64}, "runs": runs,
+        "settings": {"loopback": {"rows": {"esync-mean": rows}}}}))
+    assert pace.main([str(tmp_path)]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if "esync-mean" in ln)
+    # 30 s at 0.8 s per iteration is 33.75 s at the median 0.9 s; 20 s is 18 s
+    assert line == "| esync-mean | loopback | 20.0, 30.0 | 1000.0, 800.0 | 1.50× | 1.88× |"
+    assert pace.main([str(tmp_path / "nowhere")]) == 2
+    assert "not a benchmark's results" in capsys.readouterr().err
 
 
 def test_best_other_is_chosen_by_median_not_by_mean():

@@ -12,8 +12,8 @@ from esync.analysis.table import (accuracy_series, cluster_totals, mean_std,
 from esync.benchmark import stats
 from esync.benchmark.plan import Job, row_budget, sync_cap
 
-__all__ = ["mean_std", "physical_limit", "run_metrics", "summarise", "best_learning_rates",
-           "results"]
+__all__ = ["mean_std", "physical_limit", "run_metrics", "x1_seconds_per_sample", "summarise",
+           "best_learning_rates", "results"]
 
 
 def summarise(job: Job) -> None:
@@ -49,6 +49,21 @@ def physical_limit(local_summary: dict | None, slowdowns: list[float],
     cores_bound = cores * tp / (share or 1.0)
     return {"standalone_throughput": tp, "devices_sum": devices_sum, "cores_bound": cores_bound,
             "cluster_limit": min(devices_sum, cores_bound), "cores": cores, "share": share}
+
+
+def x1_seconds_per_sample(summary: dict) -> float | None:
+    """The machine's pace in a run: compute seconds per sample of its fastest x1 device
+    (the devices of the smallest slow-down; the fastest of them, as a speed schedule can slow
+    one down). Under CPU caps every run gives a device the same share of a core, but the cores
+    themselves run faster in some runs than in others; this measures how fast they ran."""
+    paces = {}
+    for _, _, entry in device_entries(summary):
+        samples = sum(entry.get("num_samples_list") or [])
+        computed = entry.get("compute_time_list") or []
+        if samples > 0 and computed and None not in computed:
+            factor = entry.get("slowdown") or 1.0
+            paces.setdefault(factor, []).append(sum(computed) / samples)
+    return min(paces[min(paces)]) if paces else None
 
 
 def accuracy_until(summary: dict, horizon: float | None) -> tuple[list, list] | None:
@@ -180,6 +195,7 @@ def run_metrics(summary: dict, limit: dict, *, standalone: bool, target: float |
         "cut_s": cut[0][-1] if cut and cut[0] else None,
         "last_record_s": whole[0][-1] if whole and whole[0] else None,
         "accuracy_source": None if series is None else series[2],
+        "x1_seconds_per_sample": x1_seconds_per_sample(summary),
         "devices": devices,
     }
     found.update(link_metrics(links, max((d["rounds"] for d in devices.values()), default=0)))

@@ -14,7 +14,7 @@ from datetime import datetime
 from pathlib import Path
 
 from esync.common import modes
-from esync.benchmark import stats
+from esync.benchmark import pace, stats
 from esync.benchmark.emulation import describe as describe_emulation
 from esync.benchmark.metrics import TUNING_TOLERANCE
 from esync.benchmark.options import canonical_command, describe_byclass_grid, repeat_seeds
@@ -637,6 +637,10 @@ def render(args, *, jobs: list[Job], tune_jobs: list[Job], results: dict,
     L += tuning_section(args, tuning, names, labels)
     L += table1_section(args, results, settings, labels)
     L += side_by_side(args, results, settings, names, labels)
+    per_setting = {s.name: results[s.name]["per_rep"] for s in settings}
+    L += pace.section(per_setting, target=args.target, batch=args.batch_size,
+                      labels={n: row_label(n, labels) for rows in per_setting.values()
+                              for n in rows})
     L += by_class_section(args, results, settings, names, labels)
     L += collective_section(args, results, settings, labels)
     for s in settings:

@@ -80,6 +80,26 @@ def median(values) -> float | None:
     return spread(values).median
 
 
+def repeat_ratio(s: Spread | None) -> float | None:
+    """Slowest over fastest repeat (a time's spread); None unless two or more repeats ran and
+    every one reached the target."""
+    if s is None or s.n < 2 or s.reached < s.n or not s.low:
+        return None
+    return s.high / s.low
+
+
+def paced(times, paces) -> list[float | None]:
+    """Each repeat's time to target at the row's median pace: ``t * median(paces) / pace``.
+
+    A run's pace (``metrics.x1_seconds_per_sample``) is how fast the machine's cores ran in it;
+    scaling by it takes the machine's part out of a spread between repeats, and what is left is
+    the runs' own (seed, timing). None where either is missing."""
+    known = [p for p in paces if p]
+    middle = statistics.median(known) if known else None
+    return [None if t is None or not p or middle is None else t * middle / p
+            for t, p in zip(times, paces)]
+
+
 def overlap(a: Spread, b: Spread) -> bool:
     """Whether the min–max ranges of ``a`` and ``b`` share a point (``inf`` included: two rows
     that both missed the target in some run overlap there)."""
@@ -171,7 +191,8 @@ def aggregate(per_rep: dict[str, list[dict | None]], *,
 
     ``per_rep[name]`` holds one metrics dict per repeat (None: the run failed) with at least
     ``time_to_target`` (None: not reached within ``horizon``), ``final_accuracy``,
-    ``throughput``, ``mean_computing_time_ratio`` and ``traffic_bytes_per_s``.
+    ``throughput``, ``mean_computing_time_ratio`` and ``traffic_bytes_per_s``; with
+    ``x1_seconds_per_sample`` in every repeat also ``paced_time`` (``paced``).
     """
     def horizon_of(name):
         return horizon.get(name) if isinstance(horizon, dict) else horizon
@@ -179,12 +200,17 @@ def aggregate(per_rep: dict[str, list[dict | None]], *,
     ok = {n: [m for m in reps if m is not None] for n, reps in per_rep.items()}
     times = {n: spread([m.get("time_to_target") for m in ms], censored=True)
              for n, ms in ok.items() if ms}
+    paces = {n: [m.get("x1_seconds_per_sample") for m in ms] for n, ms in ok.items()}
     found = {}
     for name, ms in ok.items():
         entry = {"runs": len(per_rep[name]), "ok": len(ms)}
         if ms:
             entry.update(
                 time=times[name],
+                pace=spread(paces[name]),
+                # None where the pace is unknown: censored would read it as "not reached"
+                paced_time=(spread(paced([m.get("time_to_target") for m in ms], paces[name]),
+                                   censored=True) if all(paces[name]) else None),
                 accuracy=spread([m.get("final_accuracy") for m in ms]),
                 late_accuracy=spread([m.get("late_accuracy") for m in ms]),
                 throughput=median([m.get("throughput") for m in ms]),
