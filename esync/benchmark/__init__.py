@@ -5,8 +5,8 @@
 
 The program is ``driver.py`` (its docstring says what runs in which order); ``options`` (command
 line), ``plan`` (rows, settings, runs), ``emulation`` (CPU caps, what ran), ``shaping`` (the shaped
-link rate), ``runs`` (subprocesses), ``metrics`` and ``stats`` (numbers), ``pace`` (the repeats' spread
-and the machine's speed in each run), ``report`` (report.md, benchmark.json, figures).
+link rate), ``runs`` (subprocesses), ``metrics`` and ``stats`` (numbers), ``pace`` (the repeats'
+spread and the machine's speed in each run), ``report`` (report.md, benchmark.json, figures).
 """
 from esync.benchmark import report
 from esync.benchmark.driver import main

@@ -4,9 +4,10 @@ Why. CPU caps give an emulated device the same share of a core in every run, not
 the host's cores themselves run faster in one run than in another (in the default benchmark of
 2026-11-28, noon, the x1 device of ASGD's shifting row that never slows down computed 56 ms per
 iteration in one repeat and 41 ms in the next, under the same cap). A time to target then moves
-with the machine as much as with the algorithm. Every run measures its pace anyway: the compute seconds per sample
-of its fastest x1 device (``metrics.x1_seconds_per_sample``). Each repeat's time scaled to the
-row's median pace (``stats.paced``) leaves the spread that is the runs' own (seed, timing).
+with the machine as much as with the algorithm. Every run measures its pace anyway: the compute
+seconds per sample of its fastest x1 device (``metrics.x1_seconds_per_sample``). Each repeat's
+time scaled to the row's median pace (``stats.paced``) leaves the spread that is the runs' own
+(seed, timing).
 
 The report's medians and speedups stay raw seconds: this section diagnoses a spread, it does not
 replace one. ``esync-benchmark-pace <benchmark folder>`` prints the section for a benchmark
