@@ -362,6 +362,12 @@ CONFIRMED_RATES = 2     # per tuning group, its best rates run again with the ne
 # sits at chance already in the first seed; and one seed's 40 s run chose every rate that the
 # 60 s runs of two seeds chose (docs/benchmark-byclass-s1-tune60, cut at 40 s).
 BYCLASS_CONFIRMED_RATES = 0
+# One device alone confirms with two more seeds, not one: its runs are a fifth of a cluster run's
+# cost, and it is every "vs one device" speedup's denominator. In the default benchmarks of
+# 2026-11-28, noon and afternoon, its grid chose 0.01 on seeds 1 and 2 (10 s runs: 0.786 against
+# 0.003's 0.772), and at 0.01 the seed-3 repeat diverged in both; over seeds 1-5 at 40 s, 0.01
+# diverged in 2 of 5 and reached 0.85 in none, 0.003 in all 5 (34.5 s, 34.4-37.1).
+STANDALONE_CONFIRMING_SEEDS = 2
 
 
 def confirming_jobs(args, out: Path, all_rows: list[Row], tuning: dict) -> list[Job]:
@@ -370,11 +376,11 @@ def confirming_jobs(args, out: Path, all_rows: list[Row], tuning: dict) -> list[
 
     One seed cannot tell the best rate from one that diverges in another seed: standalone SGD
     at 0.0095 won its grid on seed 1 in two default benchmarks, then ended at chance in the
-    seed-2 repeat of both. A rate's score is then the mean over its seeds."""
+    seed-2 repeat of both. A rate's score is then the mean over its seeds. One device alone
+    runs its best rates with ``STANDALONE_CONFIRMING_SEEDS`` more seeds (the next ones)."""
     if not tuning:
         return []
     rows_by_group = _first_row_by_group(all_rows)
-    seed = args.seed + 1
     jobs = []
     for group, entry in tuning.items():
         if group not in rows_by_group:
@@ -383,10 +389,18 @@ def confirming_jobs(args, out: Path, all_rows: list[Row], tuning: dict) -> list[
                         if score is not None), key=lambda pair: (-pair[0], pair[1]))
         row = rows_by_group[group]
         for _, lr in known[:confirmed_rates(row)]:
-            root, log = _tuning_paths(args, out, group, f"lr{lr:g}", seed)
-            jobs.append(_job(args, row, LOOPBACK, 0, lr, root, tune_budget(args, row), log,
-                             seed=seed))
+            for seed in confirming_seeds(args, row):
+                root, log = _tuning_paths(args, out, group, f"lr{lr:g}", seed)
+                jobs.append(_job(args, row, LOOPBACK, 0, lr, root, tune_budget(args, row), log,
+                                 seed=seed))
     return jobs
+
+
+def confirming_seeds(args, row: Row) -> list[int]:
+    """The seeds a group's best rates run again with: the next one, and one more for one
+    device alone (``STANDALONE_CONFIRMING_SEEDS``)."""
+    more = 1 if modes.get(row.mode).cluster else STANDALONE_CONFIRMING_SEEDS
+    return [args.seed + i for i in range(1, more + 1)]
 
 
 def _tuning_paths(args, out: Path, group: str, name: str, seed: int) -> tuple[Path, Path]:
