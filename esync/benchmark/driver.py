@@ -113,9 +113,9 @@ def describe_plan(args, tune_jobs, jobs, settings, confirming=()) -> list[str]:
                     else f" ({args.byclass_tune_budget:g} s by class)" if any(args.splits)
                     else "")
                  + f"; on loopback, seed {args.seed})"
-                 + (f", then {len(confirming)} with seed {args.seed + 1} (each i.i.d. row's "
-                    f"{plan.CONFIRMED_RATES} best rates again; one device alone's also with "
-                    f"seed {args.seed + 2})" if confirming else ""))
+                 + (f", then {len(confirming)} with {plan.describe_seeds(confirming)} (each "
+                    f"i.i.d. row's {plan.CONFIRMED_RATES} best rates again)" if confirming
+                    else ""))
     first = [j for j in jobs if j.rep == 1]
     per = ", ".join(f"{s.name} {sum(1 for j in first if j.setting.name == s.name)}"
                     for s in settings)
@@ -228,8 +228,8 @@ def main(argv=None) -> int:
             if confirming:
                 # the best rates again with the next seed: one seed cannot tell a good rate
                 # from one that diverges in another
-                run_more(confirming, f"confirming with seed {args.seed + 1} (one device alone "
-                                     f"also {args.seed + 2}): ", planned=True)
+                run_more(confirming, f"confirming with {plan.describe_seeds(confirming)}: ",
+                         planned=True)
                 widen()      # the mean over the seeds may move the best to an edge
             if tuning:
                 progress.note("learning rates: " + ", ".join(

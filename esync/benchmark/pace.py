@@ -46,9 +46,7 @@ def section(per_setting: dict[str, dict[str, list]], *, target: float, batch: in
                 shown.add(name)          # the same runs serve every network setting
             paces = [m.get("x1_seconds_per_sample") for m in runs]
             raw = stats.repeat_ratio(stats.spread(times, censored=True))
-            at_pace = (stats.repeat_ratio(stats.spread(stats.paced(times, paces),
-                                                       censored=True))
-                       if all(paces) else None)
+            at_pace = stats.repeat_ratio(stats.paced_spread(times, paces))
             cells = [", ".join("not reached" if t is None else f"{t:.1f}" for t in times),
                      ", ".join("?" if not p else f"{p * batch * 1000:.1f}" for p in paces),
                      "—" if raw is None else f"{raw:.2f}×",

@@ -278,7 +278,8 @@ def widening_jobs(args, out: Path, all_rows: list[Row], tuning: dict) -> list[Jo
     """One more tuning run for every group whose best rate sits at an edge of the rates it
     tried: the next value beyond that edge, a grid step away (the grid's own ratio; x3 for a
     grid of one value), with the budget of the runs that decide (a lengthened group's longer
-    ones) and every seed the best rate's score averages (after ``confirming_jobs``: two), so
+    ones) and every seed the best rate's score averages (after ``confirming_jobs``: two; three
+    for one device alone), so
     that the new value's score is a mean over the same seeds. None when every best rate is
     inside its group's values (or a group has been widened ``MAX_WIDENINGS`` times on that
     side). A group waiting to be lengthened (``undecided``) is not widened: its short runs
@@ -394,6 +395,17 @@ def confirming_jobs(args, out: Path, all_rows: list[Row], tuning: dict) -> list[
                 jobs.append(_job(args, row, LOOPBACK, 0, lr, root, tune_budget(args, row), log,
                                  seed=seed))
     return jobs
+
+
+def describe_seeds(jobs: list[Job]) -> str:
+    """The seeds confirming runs use, for the progress line and the plan: "seed 2", or
+    "seed 2 (one device alone also 3)"."""
+    cluster = sorted({j.seed for j in jobs if not j.standalone})
+    alone = sorted({j.seed for j in jobs if j.standalone} - set(cluster))
+    text = "seed " + ", ".join(map(str, cluster or alone))
+    if cluster and alone:
+        text += f" (one device alone also {', '.join(map(str, alone))})"
+    return text
 
 
 def confirming_seeds(args, row: Row) -> list[int]:

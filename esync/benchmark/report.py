@@ -120,8 +120,10 @@ def tuning_section(args, tuning: dict | None, rows, labels: dict) -> list[str]:
           f"or the smallest rate within {TUNING_TOLERANCE:g} of it (one short run cannot tell "
           "them apart). A run's score is its mean test accuracy over the checkpoints of its "
           "second half (one checkpoint is one sample of a curve that moves). Each i.i.d. row's "
-          f"{CONFIRMED_RATES} best rates then ran again with seed {args.seed + 1}, one device "
-          f"alone's also with seed {args.seed + 2} (one seed cannot tell a good rate from one "
+          f"{CONFIRMED_RATES} best rates then ran again with seed {args.seed + 1}"
+          + (f", one device alone's also with seed {args.seed + 2}"
+             if any(modes.family(g) == modes.STANDALONE for g in tuning) else "")
+          + " (one seed cannot tell a good rate from one "
           "that diverges in another); their cells, marked ², are the mean of their seeds' "
           "scores (a by-class row's longer tuning runs run "
           "once: a rate too large for class-ordered shards sits at chance in the first seed). "

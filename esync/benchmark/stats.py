@@ -100,6 +100,14 @@ def paced(times, paces) -> list[float | None]:
             for t, p in zip(times, paces)]
 
 
+def paced_spread(times, paces) -> Spread | None:
+    """The censored spread of ``paced`` times; None unless every repeat's pace is known
+    (censoring would read a missing one as "not reached")."""
+    if not paces or not all(paces):
+        return None
+    return spread(paced(times, paces), censored=True)
+
+
 def overlap(a: Spread, b: Spread) -> bool:
     """Whether the min–max ranges of ``a`` and ``b`` share a point (``inf`` included: two rows
     that both missed the target in some run overlap there)."""
@@ -208,9 +216,7 @@ def aggregate(per_rep: dict[str, list[dict | None]], *,
             entry.update(
                 time=times[name],
                 pace=spread(paces[name]),
-                # None where the pace is unknown: censored would read it as "not reached"
-                paced_time=(spread(paced([m.get("time_to_target") for m in ms], paces[name]),
-                                   censored=True) if all(paces[name]) else None),
+                paced_time=paced_spread([m.get("time_to_target") for m in ms], paces[name]),
                 accuracy=spread([m.get("final_accuracy") for m in ms]),
                 late_accuracy=spread([m.get("late_accuracy") for m in ms]),
                 throughput=median([m.get("throughput") for m in ms]),
