@@ -19,6 +19,7 @@ from esync.benchmark.emulation import describe as describe_emulation
 from esync.benchmark.metrics import TUNING_TOLERANCE
 from esync.benchmark.options import canonical_command, describe_byclass_grid, repeat_seeds
 from esync.benchmark.plan import (CLUSTER_EVAL, CONFIRMED_RATES, LENGTHENED_RATES, SHIFTING,
+                                  STANDALONE_CONFIRMING_SEEDS,
                                   SYNC_CAP_BUDGETS, UNDECIDED_SCORE,
                                   Job, Setting, display_argv, sync_cap, sync_target)
 from esync.benchmark.runs import tail
@@ -121,7 +122,8 @@ def tuning_section(args, tuning: dict | None, rows, labels: dict) -> list[str]:
           "them apart). A run's score is its mean test accuracy over the checkpoints of its "
           "second half (one checkpoint is one sample of a curve that moves). Each i.i.d. row's "
           f"{CONFIRMED_RATES} best rates then ran again with seed {args.seed + 1}"
-          + (f", one device alone's also with seed {args.seed + 2}"
+          + (", one device alone's also with seed "
+             + ", ".join(str(args.seed + i) for i in range(2, STANDALONE_CONFIRMING_SEEDS + 1))
              if any(modes.family(g) == modes.STANDALONE for g in tuning) else "")
           + " (one seed cannot tell a good rate from one "
           "that diverges in another); their cells, marked ², are the mean of their seeds' "
