@@ -543,46 +543,34 @@ def test_factor_in_force_and_next_change():
     assert factor_in_force([], 100, initial=3) == 3 and next_change([], 0) is None
 
 
-def test_the_host_thread_runs_jobs_outside_the_cap_and_hands_back_results_and_errors():
-    from esync.common import speeds
-    host = speeds.HostThread()
-    try:
-        assert host._thread.native_id in speeds._COMMUNICATION_THREADS   # join_cpu_cap skips it
-        assert host._thread.daemon                       # never holds a leaving worker
-        assert host.run(lambda a, b=0: (a + b, threading.get_native_id()), 2, b=3) == \
-            (5, host._thread.native_id)
-        with pytest.raises(ZeroDivisionError):
-            host.run(lambda: 1 / 0)
-        assert host.run(sum, [1, 2]) == 3                # an error does not end the thread
-    finally:
-        host.close()
-    host._thread.join(5)
-    assert not host._thread.is_alive()
-
-
 def test_the_cpu_a_cap_rations_leaves_out_the_threads_outside_it():
-    """Round logs' cpu_time under a cap: a busy host thread (outside the cap) adds nothing, the
-    capped thread's own work counts."""
+    """Round logs' cpu_time under a cap: a busy communication thread or training thread (both
+    outside the cap) adds nothing; a thread that joins the cap, as MXNet's engine does, counts."""
+    from concurrent.futures import ThreadPoolExecutor
     from esync.common import speeds
-    host = speeds.HostThread()
+    with speeds.communication_threads():
+        talker = ThreadPoolExecutor(1)
+        talker_id = talker.submit(threading.get_native_id).result()
+    training, engine = ThreadPoolExecutor(1), ThreadPoolExecutor(1)
+    training_id = training.submit(threading.get_native_id).result()
+    engine.submit(int).result()
+    speeds._TRAINING_THREADS.add(training_id)
+    work = 12_000_000                                        # ~0.3 s of one core
     try:
-        host.run(int)                                    # the thread exists and is recorded
-        whole, capped = time.process_time(), speeds.cpu_seconds_under_cap()
-        host.run(lambda: sum(range(12_000_000)))         # ~0.3 s outside the cap
-        outside = time.process_time() - whole
-        assert outside > 0.1
-        assert speeds.cpu_seconds_under_cap() - capped < 0.3 * outside
+        for outside_cap in (talker, training):
+            whole, capped = time.process_time(), speeds.cpu_seconds_under_cap()
+            outside_cap.submit(sum, range(work)).result()
+            outside = time.process_time() - whole
+            assert outside > 0.1
+            assert speeds.cpu_seconds_under_cap() - capped < 0.3 * outside
         capped = speeds.cpu_seconds_under_cap()
-        sum(range(12_000_000))                           # the same work in this thread
+        engine.submit(sum, range(work)).result()             # the same work under the cap
         assert speeds.cpu_seconds_under_cap() - capped > 0.5 * outside
     finally:
-        host.close()
-
-
-def test_cpu_capped_follows_the_launchers_variable():
-    from esync.common import speeds
-    assert speeds.cpu_capped({speeds.CPU_CGROUP_ENV: "/sys/fs/cgroup/cpu/esync-1.2.3/cpu0"})
-    assert not speeds.cpu_capped({})
+        speeds._TRAINING_THREADS.discard(training_id)
+        speeds._COMMUNICATION_THREADS.discard(talker_id)
+        for pool in (talker, training, engine):
+            pool.shutdown()
 
 
 LEAVER = r"""
@@ -590,10 +578,15 @@ import json, os, sys, threading
 from esync.common import speeds
 def groups():
     return sorted({open(f"/proc/self/task/{t}/cgroup").read() for t in speeds.thread_ids()})
+def group_of(tid):
+    return open(f"/proc/self/task/{tid}/cgroup").read()
 before = groups()
 stop = threading.Event()
-threading.Thread(target=stop.wait, daemon=True).start()      # a second thread, as MXNet's
-print(json.dumps([before, speeds.join_cpu_cap()[1], groups()]), flush=True)
+engine = threading.Thread(target=stop.wait, daemon=True)     # a second thread, as MXNet's
+engine.start()
+holds = speeds.join_cpu_cap()[1]
+print(json.dumps([before, holds, group_of(engine.native_id),
+                  group_of(threading.get_native_id())]), flush=True)
 speeds.leave_cpu_cap()
 print(json.dumps(groups()), flush=True)
 stop.set()
@@ -605,16 +598,20 @@ def test_a_worker_leaves_its_cap_with_every_thread_once_training_is_over(caps, p
     (under a x8 cap it held every run up by seconds), and the group empties for its removal."""
     import json
     caps.cap("cpu3", 0.05)
+    from esync.common import speeds
     from esync.common.speeds import CPU_CGROUP_ENV
     env = dict(os.environ, PYTHONPATH=str(REPO), **{CPU_CGROUP_ENV: str(caps.path / "cpu3")})
     proc = procs([sys.executable, "-c", LEAVER], env=env, stdout=subprocess.PIPE, text=True)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, out
     joined, left = out.splitlines()
-    before, holds, during = json.loads(joined)
+    before, holds, engine, training = json.loads(joined)
     assert len(before) == 1                      # every thread in one group at the start
-    assert holds == "every thread" or during != before
-    assert all("esync-" in group and "cpu3" in group for group in during), during
+    assert "esync-" in engine and "cpu3" in engine, engine
+    if holds == speeds.OPERATOR_THREADS:         # the training thread stays at the host's speed
+        assert [training] == before
+    else:
+        assert holds == speeds.EVERY_THREAD and training == engine
     assert json.loads(left) == before
     assert caps.pids("cpu3") == []
 
@@ -642,18 +639,17 @@ import json, os, sys, threading
 from esync.common import speeds
 def cpus():
     return sorted({tuple(sorted(os.sched_getaffinity(t))) for t in speeds.thread_ids()})
+stop = threading.Event()
 with speeds.communication_threads():
-    stop = threading.Event()
     talker = threading.Thread(target=stop.wait, daemon=True)      # as ps-lite's threads
     talker.start()
+engine = threading.Thread(target=stop.wait, daemon=True)          # as MXNet's engine thread
+engine.start()
 before = cpus()
-speeds.join_cpu_cap()
-later = []
-threading.Thread(target=lambda: later.append(sorted(os.sched_getaffinity(0)))).start()
-while not later:
-    pass
-print(json.dumps([before, sorted(os.sched_getaffinity(0)),
-                  sorted(os.sched_getaffinity(talker.native_id)), later[0]]), flush=True)
+holds = speeds.join_cpu_cap()[1]
+print(json.dumps([before, holds, sorted(os.sched_getaffinity(engine.native_id)),
+                  sorted(os.sched_getaffinity(talker.native_id)),
+                  sorted(os.sched_getaffinity(0))]), flush=True)
 speeds.leave_cpu_cap()
 print(json.dumps(cpus()), flush=True)
 stop.set()
@@ -661,14 +657,15 @@ stop.set()
 
 
 def test_a_capped_worker_computes_on_the_cpu_its_launcher_chose(caps, procs):
-    """ESYNC_CPU_PIN: the threads that join the cap (and those they start later, as MXNet's
-    engine workers) run on that CPU only; communication threads stay free; leaving the cap
-    frees every thread again."""
+    """ESYNC_CPU_PIN: the threads that join the cap (MXNet's engine workers) run on that CPU
+    only; the training thread and the communication threads stay free; leaving the cap frees
+    every thread again."""
     import json
     allowed = sorted(os.sched_getaffinity(0))
     if len(allowed) < 2:
         pytest.skip("pinning is only visible with two or more CPUs to choose from")
     caps.cap("cpu2", 0.5)
+    from esync.common import speeds
     from esync.common.speeds import CPU_CGROUP_ENV, CPU_PIN_ENV
     pin = allowed[-1]
     env = dict(os.environ, PYTHONPATH=str(REPO),
@@ -677,10 +674,11 @@ def test_a_capped_worker_computes_on_the_cpu_its_launcher_chose(caps, procs):
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, out
     during, after = out.splitlines()
-    before, compute, talker, started_later = json.loads(during)
+    before, holds, engine, talker, training = json.loads(during)
     assert before == [allowed]
-    assert compute == [pin] and started_later == [pin]
+    assert engine == [pin]
     assert talker == allowed
+    assert training == (allowed if holds == speeds.OPERATOR_THREADS else [pin])
     assert json.loads(after) == [allowed]
 
 

@@ -12,12 +12,10 @@ import bisect
 import contextlib
 import math
 import os
-import queue
 import re
 import sys
 import threading
 import time
-from concurrent.futures import Future
 
 from esync.common.errors import UsageError
 
@@ -32,6 +30,13 @@ CPU_PIN_ENV = "ESYNC_CPU_PIN"
 # Threads that carry this worker's communication (ps-lite's and ZeroMQ's, Horovod's background
 # loop), recorded by ``communication_threads`` when the channel starts them.
 _COMMUNICATION_THREADS: set[int] = set()
+# The thread that joined the cap (``join_cpu_cap``) and stayed out of it: the training loop's
+# Python, which dispatches the device's operators.
+_TRAINING_THREADS: set[int] = set()
+
+# What ``join_cpu_cap`` put under the cap.
+OPERATOR_THREADS = "MXNet's operator threads"
+EVERY_THREAD = "every thread"
 
 
 def thread_ids() -> set[int]:
@@ -69,94 +74,58 @@ def _thread_cpu_seconds(tid: int) -> float:
 
 def cpu_seconds_under_cap() -> float:
     """This process's CPU seconds, less those of the threads ``join_cpu_cap`` leaves out of the
-    cap (communication, the host thread): what the device's cap rations. Round logs record it,
-    so that a capped device's compute rate can be read against its cap; the threads outside it
-    would make a slow device look faster than its factor. (A thread outside that has ended
-    stops being subtracted; none ends before the worker does.)"""
-    return time.process_time() - sum(_thread_cpu_seconds(t) for t in _COMMUNICATION_THREADS)
-
-
-class HostThread:
-    """A thread outside the device's CPU cap for the host's side of an aggregation: its Python
-    bookkeeping and MXNet's dispatch of each operator, which on a real accelerator run on the
-    host's CPU at its full speed. The operators themselves still run on MXNet's engine thread,
-    under the cap: arithmetic on the model is the device's work. With the dispatch capped too, a
-    x8 device spent 47 ms of every 277 ms round on its aggregation (18 ms from here): the host's
-    work slowed twelvefold, which no slow GPU's host is.
-
-    ``run(fn, *args)`` runs ``fn`` there and returns its result (or raises its exception) in the
-    caller, which waits; one job at a time, so MXNet sees one thread issuing operators at any
-    moment. Made before the worker joins its cap (``join_cpu_cap``), as a communication thread.
-    A daemon: a worker that leaves at once is not held up by it."""
-
-    def __init__(self):
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        with communication_threads():
-            self._thread = threading.Thread(target=self._serve, name="esync-host", daemon=True)
-            self._thread.start()
-
-    def run(self, fn, *args, **kwargs):
-        job: Future = Future()
-        self._jobs.put((job, fn, args, kwargs))
-        return job.result()
-
-    def close(self, timeout: float = 10.0) -> None:
-        """End the thread and wait for it: a thread that issued MXNet operators must be gone
-        before the interpreter and MXNet's engine shut down (else the process aborts)."""
-        self._jobs.put(None)
-        self._thread.join(timeout)
-
-    def _serve(self) -> None:
-        while (item := self._jobs.get()) is not None:
-            job, fn, args, kwargs = item
-            try:
-                job.set_result(fn(*args, **kwargs))
-            except BaseException as exc:            # raised again in the waiting caller
-                job.set_exception(exc)
-
-
-def cpu_capped(environ=os.environ) -> bool:
-    """Whether a launcher capped this worker's CPU (``join_cpu_cap`` has a group to join)."""
-    return bool(environ.get(CPU_CGROUP_ENV))
+    cap (communication, the training thread's Python): what the device's cap rations. Round logs
+    record it, so that a capped device's compute rate can be read against its cap; the threads
+    outside it would make a slow device look faster than its factor. (A thread outside that has
+    ended stops being subtracted; none ends before the worker does.)"""
+    outside = _COMMUNICATION_THREADS | _TRAINING_THREADS
+    return time.process_time() - sum(_thread_cpu_seconds(t) for t in outside)
 
 
 def join_cpu_cap(environ=os.environ) -> tuple[str, str] | None:
-    """Move this worker's compute into the cgroup its launcher made for this device, if any;
-    return (the group, what it holds: "compute threads" or "every thread").
+    """Put this worker's device, MXNet's operator threads, under the CPU cap its launcher made
+    for it, if any; return (the group, what it holds: ``OPERATOR_THREADS`` or ``EVERY_THREAD``).
 
-    Called when training starts: start-up runs at the machine's speed. Where threads can be
-    placed one by one (cgroup v1's ``tasks``), every thread except the communication threads
-    (``communication_threads``) joins, and threads started later by a capped thread (MXNet's
-    engine workers are started on first use) inherit the cap. Capping the communication too
-    would delay every message of a throttled device until its next CFS period (up to 60 ms for
-    a x8 device, per hop) and starve an exchange overlapped with computing, which no real
-    device does. Where that is impossible (cgroup v2 outside threaded mode) the whole process
-    joins. A group that cannot be joined is an error: the emulated speed would be wrong."""
+    Called from the training thread when training starts (start-up runs at the machine's
+    speed), after the model's initialisation has run operators, so MXNet's engine threads exist.
+    Where threads can be placed one by one (cgroup v1's ``tasks``) every thread joins except
+    the caller and the communication threads (``communication_threads``). On a real accelerator
+    only the kernels run on the device: the training loop's Python (the batch, the dispatch of
+    each operator, the bookkeeping between them) and the network stack run on its host at the
+    host's speed. Capped with the device, that Python slowed a x8 device's host work eightfold,
+    and a throttled x8 device could not even read a message until its next CFS period (up to
+    60 ms per hop), which no real device does. Threads the caller starts later stay outside
+    with it. Where threads cannot be placed one by one (cgroup v2 outside threaded mode) the
+    whole process joins. A group that cannot be joined is an error: the emulated speed would
+    be wrong."""
     group = environ.get(CPU_CGROUP_ENV)
     if not group:
         return None
     _ORIGIN[:] = [_own_cgroup(group)]
     tasks = os.path.join(group, "tasks")
-    communication = _COMMUNICATION_THREADS & thread_ids()
-    pin_compute_threads(environ.get(CPU_PIN_ENV), thread_ids() - communication)
     try:
-        if communication and os.path.exists(tasks):
+        if os.path.exists(tasks):
+            _TRAINING_THREADS.add(threading.get_native_id())
+            device = thread_ids() - _COMMUNICATION_THREADS - _TRAINING_THREADS
+            pin_compute_threads(environ.get(CPU_PIN_ENV), device)
             fd = os.open(tasks, os.O_WRONLY)
             try:
-                for tid in sorted(thread_ids() - communication):
+                for tid in sorted(device):
                     try:
                         os.write(fd, f"{tid}\n".encode())   # one task id per write
                     except ProcessLookupError:
                         pass                                 # a thread that just ended
             finally:
                 os.close(fd)
-            return group, "compute threads"
+            return group, OPERATOR_THREADS
+        pin_compute_threads(environ.get(CPU_PIN_ENV),
+                            thread_ids() - _COMMUNICATION_THREADS)
         with open(os.path.join(group, "cgroup.procs"), "w") as procs:
             procs.write(str(os.getpid()))
     except OSError as exc:
         raise UsageError(f"cannot join the CPU cap {group} ({exc.strerror or exc}); the launcher "
                          f"that made it must run as root and still be running") from None
-    return group, "every thread"
+    return group, EVERY_THREAD
 
 
 # The cgroup this process was in before ``join_cpu_cap`` (None: unknown), for ``leave_cpu_cap``.

@@ -20,7 +20,7 @@ from esync.worker.checkpoint import CheckpointError, CheckpointStore
 from esync.common import runlayout
 from esync.common.errors import UsageError, guarded
 from esync.common.runlayout import EvaluationLog
-from esync.common.speeds import (HostThread, communication_threads, cpu_capped,
+from esync.common.speeds import (OPERATOR_THREADS, communication_threads,
                                  cpu_seconds_under_cap, join_cpu_cap, leave_cpu_cap)
 from esync.worker.evaluator import accuracy
 from esync.worker.kvstore import Channel, KeyMap, KVChannel, control_length, leave_job_at_once
@@ -183,8 +183,7 @@ def train(args) -> int:
     trainable, aux = models.trainable_and_aux(net)
     worker = Worker(config=AlgorithmConfig.from_args(args), ctx=ctx, net=net,
                     trainable=trainable, aux=aux, channel=channel, rank=rank,
-                    num_workers=num_workers,
-                    host=HostThread() if cpu_capped() and channel is not None else None)
+                    num_workers=num_workers)
     device = _device_name(args, rank)
     writer = RoundLogWriter(runlayout.device_dir(folder, args.host_name, device), overwrite=args.overwrite,
                             resume=args.resume)
@@ -289,13 +288,12 @@ class TrainingLoop:
     def _train(self, done_rounds: int, spent: float, samples: int) -> int:
         args, w = self.args, self.w
         capped = join_cpu_cap()                    # the device's speed from here on
-        # CPU seconds the cap rations: where only compute threads joined it, the threads left
-        # outside (communication, the host thread) are not counted
-        cpu_clock = (cpu_seconds_under_cap if capped and capped[1] == "compute threads"
-                     else time.process_time)
+        # CPU seconds the cap rations: where only the operator threads joined it, the threads
+        # left outside (this one's Python, communication) are not counted
+        operators_only = bool(capped) and capped[1] == OPERATOR_THREADS
+        cpu_clock = cpu_seconds_under_cap if operators_only else time.process_time
         if capped:
-            host = ("; the aggregation's Python side on the host's thread"
-                    if w.host is not None and capped[1] == "compute threads" else "")
+            host = "; Python and communication at the host's speed" if operators_only else ""
             print(f"{self.prefix} training under the CPU cap of {capped[0]} ({capped[1]}{host})",
                   flush=True)
         last_c = self._warm_up()
@@ -368,8 +366,6 @@ class TrainingLoop:
                 break
         self.writes.close()
         self.algo.close()
-        if w.host is not None:
-            w.host.close()
         self._close_reports()
         if w.channel is not None:
             w.channel.finish()
@@ -468,6 +464,10 @@ class TrainingLoop:
         with record.phase("forward and backward"):
             with autograd.record():
                 loss = self.loss_fn(self.w.net(x), y)
+            # queued with the device's work, so reading it below waits for nothing: read after
+            # a throttled device's quota ran out, it waited for the next CFS period (a x8
+            # device: up to 16 ms an iteration, outside its computing)
+            mean_loss = loss.mean()
             loss.backward()
             # MXNet runs the backward pass asynchronously: without this wait the round's
             # last backward would run inside the exchange, uncounted in c_i (a slow device
@@ -475,6 +475,7 @@ class TrainingLoop:
             # size every round too short for it).
             for param in self.w.trainable:
                 param.grad().wait_to_read()
+            mean_loss.wait_to_read()
         self.w.batch_samples = int(y.shape[0])
         self.algo.local_step(record)
         factor = self.speed.sleep_factor(time.perf_counter() - self.clock0)
@@ -484,7 +485,7 @@ class TrainingLoop:
             with record.phase("emulated slowdown"):
                 time.sleep((factor - 1) * work)
         record.num_samples += int(y.shape[0])
-        return float(loss.mean().asscalar()), time.perf_counter() - start
+        return float(mean_loss.asscalar()), time.perf_counter() - start
 
     def _evaluation_due(self, round_no: int, stop: bool, elapsed: float) -> bool:
         if stop:

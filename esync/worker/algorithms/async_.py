@@ -55,8 +55,7 @@ class AsyncSGD(Algorithm):
 
     def aggregate(self, record, want_stop: bool) -> bool:
         with record.phase("global aggregate"):
-            self.on_host(self.worker.channel.push_pull, self.worker.keys.trainable, self.grads,
-                         self.weights)
+            self.worker.channel.push_pull(self.worker.keys.trainable, self.grads, self.weights)
         return want_stop
 
 
@@ -72,7 +71,7 @@ class DCASGD(AsyncSGD):
 
     def aggregate(self, record, want_stop: bool) -> bool:
         with record.phase("global aggregate"):
-            self.on_host(self._compensate_and_push)
+            self._compensate_and_push()
         return want_stop
 
     def _compensate_and_push(self) -> None:

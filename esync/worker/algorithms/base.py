@@ -33,7 +33,6 @@ import mxnet as mx
 import numpy as np
 from mxnet import gluon, nd
 
-from esync.common.speeds import HostThread
 from esync.worker.kvstore import Channel, ControlSum, KeyMap, control_vector, read_control
 from esync.worker.measure import RoundRecord
 
@@ -100,7 +99,6 @@ class Worker:
     aux: list                        # auxiliary states (batch-norm running mean/var)
     channel: Optional[Channel] = None    # KVChannel (ps) or AllreduceChannel
     keys: Optional[KeyMap] = None
-    host: Optional[HostThread] = None    # a CPU-capped device's host (speeds.HostThread)
     rank: int = 0
     num_workers: int = 1
     # Set by the training loop before each aggregation:
@@ -192,16 +190,6 @@ class Algorithm:
         pass
 
     # -- helpers shared by the algorithms ----------------------------------------------------
-    def on_host(self, fn, *args, **kwargs):
-        """``fn(*args, **kwargs)`` on the device's host thread where its CPU is capped (the
-        aggregation's Python side and operator dispatch run at the host's speed, the operators
-        under the device's cap: ``esync.common.speeds.HostThread``), else right here. Every
-        mode's aggregation goes through it, so the emulation treats them alike."""
-        host = self.worker.host
-        if host is None:
-            return fn(*args, **kwargs)
-        return host.run(fn, *args, **kwargs)
-
     def dump(self, tag: str, step: int, **arrays) -> None:
         """Test hook, off unless ``$ESYNC_DUMP_PUSHES`` names a folder: write the arrays this
         worker exchanges at ``step`` to ``<folder>/<tag>-rank<R>-<step>.npz`` (lists of arrays

@@ -147,11 +147,12 @@ class ESync(Algorithm):
             return
         self.client = StateClient(cfg.state_url, job=cfg.job, token=cfg.state_token)
         if cfg.policy == "dynamic":
-            # The dynamic policy's questions leave from a thread outside the device's CPU cap:
-            # HTTP and JSON are the host's work, as on a real GPU host, not the device's.
+            # The dynamic policy's questions go through one thread of their own, in order: the
+            # slowest sends its first question of a round without waiting for the answer. It
+            # is the host's network work, outside the device's CPU cap.
             with communication_threads():
                 self.questions = ThreadPoolExecutor(1, thread_name_prefix="esync-questions")
-                self.questions.submit(int).result()       # the thread starts now, uncapped
+                self.questions.submit(int).result()       # the thread starts now
         self.asker = ReadinessAsker(
             self.client, w.rank, call=self._ask if self.questions is not None else None,
             submit=self.questions.submit if self.questions is not None else None)
@@ -294,26 +295,24 @@ class ESync(Algorithm):
 
     def _aggregate(self, record, want_stop: bool) -> bool:
         if self.config.overlap:
-            return self.on_host(self._aggregate_overlapped, record, want_stop)
+            return self._aggregate_overlapped(record, want_stop)
         carry = self._may_carry(want_stop)
         carried = Carried(self.weights if self.gradient_sum is None else None)
-        # The arithmetic on the host's thread (Algorithm.on_host); carried iterations are the
-        # device's own computing and stay in the training thread.
         with record.phase("global update"):
-            exchange = self.on_host(self._start_round_exchange, want_stop, carry)
+            exchange = self._start_round_exchange(want_stop, carry)
         if carry:
             self._carry_through(exchange, carried, record)
         with record.phase("global update"):
-            control = self.on_host(self._receive, exchange)
+            control = self._receive(exchange)
         if self.lowrank is not None:
             with record.phase("global update"):
-                second = self.on_host(self._start_second_factors, watch=carry)
+                second = self._start_second_factors(watch=carry)
             if carry:
                 self._carry_through(second, carried, record)
             with record.phase("global update"):
-                self.on_host(self._finish_second_factors, second)
+                self._finish_second_factors(second)
         with record.phase("global update"):
-            self.on_host(self._end_round, control, carried)
+            self._end_round(control, carried)
         self.carried_in = carried.count
         self._coordinate(record, control, self.worker.round_no)
         return control.stop

@@ -22,7 +22,7 @@ class SyncSGD(Algorithm):
 
     def aggregate(self, record, want_stop: bool) -> bool:
         with record.phase("global aggregate"):
-            stop = self.on_host(self._sum_gradients, want_stop)
+            stop = self._sum_gradients(want_stop)
         with record.phase("local update"):
             self.trainer.step(self.worker.num_workers)
         return stop
