@@ -56,15 +56,17 @@ v2 subtree. Where that is missing, ``find_cpu_controller`` returns a one-line re
 controller and ``CpuCaps()`` raises ``CgroupsUnavailable`` with that line, so the launcher prints
 one warning and emulates by sleeping as before.
 
-The quota counts the worker's compute: Python's thread and MXNet's engine threads. Its
-communication threads (ps-lite's and ZeroMQ's, Horovod's background loop) stay outside where
-threads can be placed one by one (v1's ``tasks``; ``esync.common.speeds.join_cpu_cap``): an
-emulated device is a slow accelerator, whose host and network card run at full speed. Capped
-with the rest, a throttled x8 device could not even receive a message until its next CFS period
-(up to 60 ms per hop), and an exchange overlapped with its computing stalled. On cgroup v2 the
-whole process is capped, and the worker's log says which. The parameter server, scheduler,
-evaluator and state server stay uncapped; ``default_share`` keeps ``reserve`` of a core free for
-them (and the communication threads) so that the workers' quotas can always be met.
+The quota counts the device's work: MXNet's operator threads. The training loop's Python (the
+batch, the dispatch of each operator, the bookkeeping) and the communication threads (ps-lite's
+and ZeroMQ's, Horovod's background loop) stay outside where threads can be placed one by one
+(v1's ``tasks``; ``esync.common.speeds.join_cpu_cap``): an emulated device is a slow
+accelerator, whose host and network card run at full speed. Capped with the rest, a throttled
+x8 device could not even receive a message until its next CFS period (up to 60 ms per hop), an
+exchange overlapped with its computing stalled, and its Python ran at a sixteenth of a core. On
+cgroup v2 the whole process is capped, and the worker's log says which. The parameter server,
+scheduler, evaluator and state server stay uncapped; ``default_share`` keeps ``reserve`` of a
+core free for them (and the threads outside the caps) so that the workers' quotas can always be
+met.
 
 Speed schedules (``esync.common.speeds``: a device that changes speed during the run): the
 launcher calls ``cap`` again when a factor changes.
