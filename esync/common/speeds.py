@@ -103,11 +103,13 @@ def join_cpu_cap(environ=os.environ) -> tuple[str, str] | None:
         return None
     _ORIGIN[:] = [_own_cgroup(group)]
     tasks = os.path.join(group, "tasks")
+    per_thread = os.path.exists(tasks)
+    if per_thread:
+        _TRAINING_THREADS.add(threading.get_native_id())
+    device = thread_ids() - _COMMUNICATION_THREADS - _TRAINING_THREADS
+    pin_compute_threads(environ.get(CPU_PIN_ENV), device)
     try:
-        if os.path.exists(tasks):
-            _TRAINING_THREADS.add(threading.get_native_id())
-            device = thread_ids() - _COMMUNICATION_THREADS - _TRAINING_THREADS
-            pin_compute_threads(environ.get(CPU_PIN_ENV), device)
+        if per_thread:
             fd = os.open(tasks, os.O_WRONLY)
             try:
                 for tid in sorted(device):
@@ -118,8 +120,6 @@ def join_cpu_cap(environ=os.environ) -> tuple[str, str] | None:
             finally:
                 os.close(fd)
             return group, OPERATOR_THREADS
-        pin_compute_threads(environ.get(CPU_PIN_ENV),
-                            thread_ids() - _COMMUNICATION_THREADS)
         with open(os.path.join(group, "cgroup.procs"), "w") as procs:
             procs.write(str(os.getpid()))
     except OSError as exc:
