@@ -28,7 +28,8 @@ CPU_PIN_ENV = "ESYNC_CPU_PIN"
 
 
 # Threads that carry this worker's communication (ps-lite's and ZeroMQ's, Horovod's background
-# loop), recorded by ``communication_threads`` when the channel starts them.
+# loop, MXNet's engine threads for the host's context, where the KVStore's push and pull run),
+# recorded by ``communication_threads`` when they start.
 _COMMUNICATION_THREADS: set[int] = set()
 # The thread that called ``join_cpu_cap`` and stays out of the cap: the training loop's Python,
 # which dispatches the device's operators.
@@ -86,18 +87,20 @@ def join_cpu_cap(environ=os.environ) -> tuple[str, str] | None:
     """Put this worker's device, MXNet's operator threads, under the CPU cap its launcher made
     for it, if any; return (the group, what it holds: ``OPERATOR_THREADS`` or ``EVERY_THREAD``).
 
-    Called from the training thread when training starts (start-up runs at the machine's
-    speed), after the model's initialisation has run operators, so MXNet's engine threads exist.
-    Where threads can be placed one by one (cgroup v1's ``tasks``) every thread joins except
-    the caller and the communication threads (``communication_threads``). On a real accelerator
-    only the kernels run on the device: the training loop's Python (the batch, the dispatch of
-    each operator, the bookkeeping between them) and the network stack run on its host at the
-    host's speed. Capped with the device, that Python ran at a x8 device's sixteenth of a core
-    (the device trained 38% fewer samples a second for the same operators), and a throttled x8
-    device could not even read a message until its next CFS period (up to 60 ms per hop), which
-    no real device does. Threads the caller starts later stay outside with it. Where threads cannot be placed one by one (cgroup v2 outside threaded mode) the
-    whole process joins. A group that cannot be joined is an error: the emulated speed would
-    be wrong."""
+    Called from the training thread when training starts (start-up runs at the machine's speed),
+    after the model's initialisation has run operators, so MXNet's engine threads exist. Where
+    threads can be placed one by one (cgroup v1's ``tasks``) every thread joins except the caller
+    and the communication threads (``communication_threads``), which include the engine threads of
+    the host's CPU context: the device trains on its own context, whose engine threads run its
+    operators alone. On a real accelerator only the kernels run on the device: the training loop's
+    Python (the batch, the dispatch of each operator, the bookkeeping between them), the network
+    stack and the KVStore's push and pull run on its host at the host's speed. Capped with the
+    device, that Python ran at a x8 device's sixteenth of a core (the device trained 38% fewer
+    samples a second for the same operators), and a throttled x8 device could not even read a
+    message until its next CFS period (up to 60 ms per hop), which no real device does. Threads the
+    caller starts later stay outside with it. Where threads cannot be placed one by one (cgroup v2
+    outside threaded mode) the whole process joins. A group that cannot be joined is an error: the
+    emulated speed would be wrong."""
     group = environ.get(CPU_CGROUP_ENV)
     if not group:
         return None

@@ -49,9 +49,17 @@ def run(args) -> int:
     return code
 
 
+# MXNet's CPU context a worker trains on with -c 1. MXNet gives each CPU context its own engine
+# threads, and the KVStore runs its push and pull on context 0 (its pinned buffers are there):
+# training on context 1 keeps the device's operators and the host's communication on separate
+# threads, so that an emulated device's CPU cap holds the first and not the second, as a real
+# accelerator computes while its host moves the data (``record_host_engine_threads``).
+CPU_DEVICE_ID = 1
+
+
 def resolve_context(args) -> mx.Context:
     if args.cpu:
-        return mx.cpu()
+        return mx.cpu(CPU_DEVICE_ID)
     available = mx.context.num_gpus()
     if args.gpu >= available:
         raise UsageError(f"argument -g/--gpu: GPU {args.gpu} asked for, but this machine has "
@@ -82,6 +90,16 @@ class StopCriteria:
 # Standalone -e auto: score the test set again once the training since the last score is
 # this many times the last score's duration, so scoring takes about 1/(1+N) of the wall time.
 AUTO_EVAL_TRAIN_PER_EVAL = 9
+
+
+def record_host_engine_threads() -> None:
+    """Start MXNet's engine with one operation on CPU context 0, recording the threads it makes
+    as the host's (``communication_threads``): the engine's prioritised pool and context 0's
+    operator threads, where the KVStore's push and pull run. Called before any other operation;
+    the device's context makes its own threads on its first operation, and those join its CPU
+    cap."""
+    with communication_threads():
+        mx.nd.zeros((1,), ctx=mx.cpu(0)).wait_to_read()
 
 
 def _connect(algo_cls, args):
@@ -171,6 +189,7 @@ def _restore_state(state: dict, saved: dict, path) -> None:
 
 
 def train(args) -> int:
+    record_host_engine_threads()
     ctx = resolve_context(args)
     algo_cls = algorithm_class(args.mode, args.use_dcasgd)
     if args.resume and algo_cls.kvstore_type is None:
