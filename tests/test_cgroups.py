@@ -573,6 +573,55 @@ def test_the_cpu_a_cap_rations_leaves_out_the_threads_outside_it():
             pool.shutdown()
 
 
+ENGINE_THREADS = r"""
+import json, os
+os.environ["MXNET_CPU_WORKER_NTHREADS"] = "1"
+os.environ["OMP_NUM_THREADS"] = "1"
+from esync.common import speeds
+from esync.worker import trainer
+import mxnet as mx
+def ticks():
+    out = {}
+    for tid in speeds.thread_ids():
+        try:
+            out[tid] = int(open(f"/proc/self/task/{tid}/stat").read().rsplit(")", 1)[1].split()[11])
+        except (OSError, ValueError, IndexError):
+            pass
+    return out
+def busiest(ctx):
+    a = mx.nd.ones((400, 400), ctx=ctx)
+    before = ticks()
+    for _ in range(40):
+        a = mx.nd.dot(a, a) / 400
+    a.wait_to_read()
+    after = ticks()
+    return max(after, key=lambda t: after[t] - before.get(t, 0))
+trainer.record_host_engine_threads()
+host = set(speeds._COMMUNICATION_THREADS)
+known = speeds.thread_ids()
+device_ctx = mx.cpu(trainer.CPU_DEVICE_ID)
+mx.nd.zeros((1,), ctx=device_ctx).wait_to_read()
+device = speeds.thread_ids() - known
+print(json.dumps({"host": sorted(host), "device": sorted(device),
+                  "device_busiest": busiest(device_ctx), "host_busiest": busiest(mx.cpu(0))}))
+"""
+
+
+def test_the_device_context_computes_on_threads_apart_from_the_hosts():
+    """A CPU worker trains on MXNet's CPU context 1: its operators run on engine threads of
+    their own, made on its first operation, while context 0's (where the KVStore pushes and
+    pulls) were recorded as the host's before. The cap can hold the first set alone."""
+    import json
+    out = subprocess.run([sys.executable, "-c", ENGINE_THREADS], cwd=REPO, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    threads = json.loads(out.stdout.splitlines()[-1])
+    host, device = set(threads["host"]), set(threads["device"])
+    assert host and device and not host & device, threads
+    assert threads["device_busiest"] in device, threads
+    assert threads["host_busiest"] in host, threads
+
+
 LEAVER = r"""
 import json, os, sys, threading
 from esync.common import speeds
