@@ -56,9 +56,10 @@ v2 subtree. Where that is missing, ``find_cpu_controller`` returns a one-line re
 controller and ``CpuCaps()`` raises ``CgroupsUnavailable`` with that line, so the launcher prints
 one warning and emulates by sleeping as before.
 
-The quota counts the device's work: MXNet's operator threads. The training loop's Python (the
-batch, the dispatch of each operator, the bookkeeping) and the communication threads (ps-lite's
-and ZeroMQ's, Horovod's background loop) stay outside where threads can be placed one by one
+The quota counts the device's work: MXNet's operator threads for the worker's CPU context. The
+training loop's Python (the batch, the dispatch of each operator, the bookkeeping), the KVStore's
+push and pull (the engine threads of CPU context 0) and the communication threads (ps-lite's and
+ZeroMQ's, Horovod's background loop) stay outside where threads can be placed one by one
 (v1's ``tasks``; ``esync.common.speeds.join_cpu_cap``): an emulated device is a slow
 accelerator, whose host and network card run at full speed. Capped with the rest, a throttled
 x8 device could not even receive a message until its next CFS period (up to 60 ms per hop), an
