@@ -12,7 +12,7 @@ from esync import cli
 from esync.worker import models
 from esync.worker.algorithms import AlgorithmConfig, Worker, algorithm_class
 from esync.worker.measure import RoundRecord
-from esync.worker.trainer import TrainingLoop, _shard
+from esync.worker.trainer import TrainingLoop, _shard, resolve_context
 
 LR, BATCH = 0.01, 8
 
@@ -34,9 +34,10 @@ def summed_gradient_step(net, x, y, lr):
 def test_one_local_step_moves_by_lr_times_the_batch_summed_gradient(tmp_path, fashion_data_dir):
     args = cli.parse_args(["-m", "local", "-c", "1", "-n", "lenet", "-dd", str(fashion_data_dir),
                            "-ld", str(tmp_path), "-l", str(LR), "-b", str(BATCH)])
-    net = models.build("lenet", mx.cpu(), seed=args.seed)
+    ctx = resolve_context(args)                # where the worker trains and its batches are
+    net = models.build("lenet", ctx, seed=args.seed)
     trainable, aux = models.trainable_and_aux(net)
-    worker = Worker(config=AlgorithmConfig.from_args(args), ctx=mx.cpu(), net=net,
+    worker = Worker(config=AlgorithmConfig.from_args(args), ctx=ctx, net=net,
                     trainable=trainable, aux=aux)
     algo = algorithm_class("local")(worker)
     algo.setup()
@@ -44,7 +45,7 @@ def test_one_local_step_moves_by_lr_times_the_batch_summed_gradient(tmp_path, fa
                         args)
 
     x, y = _shard(args, 0, 1).next_batch()              # the batch the loop will take first
-    want = summed_gradient_step(models.build("lenet", mx.cpu(), seed=args.seed), x, y, LR)
+    want = summed_gradient_step(models.build("lenet", ctx, seed=args.seed), x, y, LR)
     k, _, _ = loop._local_phase(RoundRecord(1), 0.0)
 
     got = {name: p.data().asnumpy() for name, p in models.named_parameters(net).items()}
