@@ -214,9 +214,16 @@ def test_request_counts_grow_between_two_reads(live):
 
 
 def test_the_slowest_worker_is_marked(live):
-    marked = [row["cells"]["device"] for row in live["second"]
-              if row["cells"]["slowest"] == "slowest"]
-    assert marked == ["cpu1"]          # slowed down 4x
+    """The mark follows the state server's rule: the worker whose last iteration took longest
+    (the c column, in the same refresh). Which one that is in a given refresh is the emulation's
+    business: with batches of 8 an iteration is mostly the Python outside the device's cap, and
+    one slow iteration of the x1 device can outlast the x4's (seen once in a full suite)."""
+    for rows in (live["first"], live["second"]):
+        marked = [row["cells"]["device"] for row in rows
+                  if row["cells"]["slowest"] == "slowest"]
+        durations = {row["cells"]["device"]: float(row["cells"]["c"]) for row in rows}
+        assert len(marked) == 1, rows
+        assert durations[marked[0]] == max(durations.values()), rows
 
 
 def test_k_chart_has_a_line_per_worker(live):
