@@ -38,6 +38,9 @@ policy = "dynamic"        # --policy: ESync state-server policy, dynamic (origin
 aggregation = "mean"      # --aggregation: ESync's rule for the deltas: mean (original), weighted, fednova
 outer_momentum = 0.0      # --outer-momentum: momentum on ESync's aggregated delta (0: none)
 nesterov = False          # --nesterov: Nesterov form of the outer momentum
+outer_adam = False        # --outer-adam: Adam as the outer step (FedAdam; -gl its step size)
+outer_beta2 = 0.99        # --outer-beta2: its second moment's decay
+outer_epsilon = 1e-3      # --outer-epsilon: its tau
 comm_share = 1.0          # --comm-share: exchange's largest share of an ESync round (1: rounds
                           # sized by compute alone, as the original)
 max_round_seconds = 0.0   # --max-round-seconds: bound on a stretched round (0: none)

@@ -30,6 +30,8 @@ COLLECTIVES = ("ps", "allreduce")
 _slowdown = bounded_number(float, low=1, must=">= 1 (a device F times slower)")
 _momentum = bounded_number(float, low=0, high=0.999, must="a momentum in [0, 0.999]")
 _comm_share = bounded_number(float, low=0, strict=True, high=1, must="a share in (0, 1]")
+_beta2 = bounded_number(float, low=0, high=0.9999, must="a decay in [0, 0.9999]")
+_tau = bounded_number(float, low=0, strict=True, high=1, must="a number in (0, 1]")
 _round_bound = bounded_number(float, low=0, high=3600, must="seconds in [0, 3600]")
 
 
@@ -210,6 +212,15 @@ def add_run_args(parser: argparse.ArgumentParser, *, one_worker: bool = True) ->
                         "(DiLoCo: 0.9 with --nesterov and -gl 0.7; 0: none)")
     e.add_argument("--nesterov", action=argparse.BooleanOptionalAction, default=config.nesterov,
                    help="Nesterov form of --outer-momentum")
+    e.add_argument("--outer-adam", action=argparse.BooleanOptionalAction,
+                   default=config.outer_adam,
+                   help="Adam as the outer step (FedAdam): --outer-momentum is its beta1, -gl "
+                        "its step size (each coordinate moves about -gl a round at most: "
+                        "0.01 on shuffled class shards)")
+    e.add_argument("--outer-beta2", type=_beta2, default=config.outer_beta2,
+                   help="--outer-adam: the decay of its second moment")
+    e.add_argument("--outer-epsilon", type=_tau, default=config.outer_epsilon,
+                   help="--outer-adam: tau, added to the root of the second moment")
     e.add_argument("--comm-share", type=_comm_share, default=config.comm_share,
                    help="the state server stretches rounds so that the exchange takes at most "
                         "this share of a round (measured transfer times; 1: rounds sized by "
@@ -291,6 +302,9 @@ def check_esync_options(args) -> None:
               "in one of two measured runs (shuffled class shards, -ll 0.001); with "
               "--outer-momentum 0.5 both learned (docs/RESULTS.md, \"SCAFFOLD with its variate "
               "weighted by the steps\")", file=sys.stderr)
+    if getattr(args, "outer_adam", False) and args.nesterov:
+        raise UsageError("--outer-adam has no Nesterov form: give --no-nesterov (its "
+                         "--outer-momentum is Adam's beta1)")
     if args.nesterov and not args.outer_momentum:
         raise UsageError("--nesterov needs an --outer-momentum above 0 (DiLoCo uses 0.9); "
                          "for no outer momentum give --outer-momentum 0 --no-nesterov")

@@ -118,6 +118,44 @@ def test_fused_update_follows_step_and_apply_step(momentum, nesterov, gl):
                                rtol=1e-6, atol=1e-9)
 
 
+def test_adam_outer_step_hand_computed():
+    """FedAdam's step on the pseudo-gradient -delta, without bias correction: a first delta of
+    2 gives mean -0.2, variance 0.04, step 0.2 / (0.2 + tau); a coordinate's step stays near 1
+    (times -gl) whatever its delta's size."""
+    outer = agg.OuterOptimizer(momentum=0.9, adam=True, beta2=0.99, epsilon=1e-3)
+    step, (mean, variance) = outer.step(np.array([2.0, 2e-4]), (np.zeros(2), np.zeros(2)))
+    assert close(mean, [-0.2, -2e-5]) and close(variance, [0.04, 4e-10])
+    assert close(step, [0.2 / (0.2 + 1e-3), 2e-5 / (2e-5 + 1e-3)])
+    # round 2, delta -1: mean 0.9 * -0.2 + 0.1 * 1 = -0.08; variance 0.99 * 0.04 + 0.01 = 0.0496
+    step, (mean, variance) = outer.step(np.array([-1.0, 0.0]), (mean, variance))
+    assert close(mean[0], -0.08) and close(variance[0], 0.0496)
+    assert close(step[0], 0.08 / (0.0496 ** 0.5 + 1e-3))
+    # plain heavy-ball momentum on the same deltas moves by the deltas' size instead
+    assert not close(agg.OuterOptimizer(momentum=0.9).step(np.array([2.0]), np.zeros(1))[0],
+                     [0.2 / (0.2 + 1e-3)])
+
+
+@pytest.mark.parametrize("beta1,gl", [(0.9, 0.01), (0.0, 0.03)])
+def test_fused_adam_update_follows_step_and_apply_step(beta1, gl):
+    """MXNet's adam_update (one pass) is the spelled-out FedAdam step, its state the two
+    moments as they are (a checkpoint keeps them unconverted)."""
+    outer = agg.OuterOptimizer(momentum=beta1, adam=True)
+    assert outer.has_state
+    rng = np.random.default_rng(7)
+    start = nd.array(rng.standard_normal(1000), dtype="float32")
+    ref = start.asnumpy().astype(np.float64)
+    ref_state = (np.zeros(1000), np.zeros(1000))
+    mean, variance = nd.zeros(1000), nd.zeros(1000)
+    for scale in (0.25, 1.0, 0.5, 0.125):
+        total = nd.array(rng.standard_normal(1000) * 0.01, dtype="float32")
+        step, ref_state = outer.step(scale * total.asnumpy().astype(np.float64), ref_state)
+        ref = agg.apply_step(ref, step, gl)
+        outer.update(start, total, mean, scale=scale, global_lr=gl, variance=variance)
+        assert np.allclose(start.asnumpy(), ref, rtol=1e-5, atol=1e-6)
+        assert np.allclose(mean.asnumpy(), ref_state[0], rtol=1e-5, atol=1e-9)
+        assert np.allclose(variance.asnumpy(), ref_state[1], rtol=1e-5, atol=1e-12)
+
+
 def test_velocity_and_buffer_convert_both_ways():
     buffer = nd.array([1.0, -2.0, 0.5])
     velocity = agg.OuterOptimizer.velocity_from(buffer, 0.7)

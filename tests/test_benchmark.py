@@ -307,7 +307,8 @@ def test_aggregations_parse_into_row_names_labels_and_flags():
         ("mean", "mean"), ("fednova", "fednova"),
         ("weighted-nesterov0.9-gl0.7", "weighted + Nesterov 0.9, gl 0.7")]
     assert parsed[2].argv() == ["--aggregation", "weighted", "--outer-momentum", "0.9",
-                                "--nesterov", "-gl", "0.7", "--no-overlap", "--prox-mu", "0",
+                                "--nesterov", "--no-outer-adam", "-gl", "0.7", "--no-overlap",
+                                "--prox-mu", "0",
                                 "--no-scaffold", "--comm-dtype", "float32", "--low-rank", "0",
                                 "--no-accumulate", "--no-carry", "--no-carry-slowest"]
     (carried,) = options.parse_aggregations("weighted+share=1+carry")
@@ -346,6 +347,12 @@ def test_aggregations_parse_into_row_names_labels_and_flags():
         "sum+share=1+accumulate")
     assert summed.argv()[-5:] == ["--accumulate", "--no-carry", "--no-carry-slowest",
                                   "--comm-share", "1"]
+    (adam,) = options.parse_aggregations("sum+adam=0.9+gl=0.01+share=1")
+    assert (adam.slug, adam.label, adam.text) == (
+        "sum-adam0.9-gl0.01-share1", "sum + Adam 0.9, gl 0.01, comm. share 1",
+        "sum+adam=0.9+gl=0.01+share=1")
+    assert adam.argv()[:8] == ["--aggregation", "sum", "--outer-momentum", "0.9",
+                               "--no-nesterov", "--outer-adam", "-gl", "0.01"]
     for bad in ("mean+share=0", "mean+share=2", "mean+prox=-1", "mean+overlapping",
                 "mean+round=0", "mean+lowrank=0", "mean+lowrank=1.5"):
         with pytest.raises(options.UsageError, match="is not"):
@@ -1675,7 +1682,7 @@ def test_the_canonical_command_gives_back_every_aggregation_part():
     from esync.benchmark.options import _aggregation_text
     text = ("fednova+scaffold,fednova+prox=0.1,weighted+nesterov=0.9+gl=0.7+share=0.1+overlap,"
             "mean+momentum=0.5,weighted+nesterov=0.9+gl=0.7+overlap+fp16,"
-            "weighted+nesterov=0.9+gl=0.7+share=1+lowrank=32")
+            "weighted+nesterov=0.9+gl=0.7+share=1+lowrank=32,sum+adam=0.9+gl=0.01")
     parsed = options.parse_aggregations(text)
     assert options.parse_aggregations(",".join(_aggregation_text(a) for a in parsed)) == parsed
     assert ",".join(_aggregation_text(a) for a in parsed) == text

@@ -243,6 +243,50 @@ def _float16_sum(rule, deltas, ks):
     return total.astype(np.float32) * np.float32(aggregate.sum_weight(rule, ks))
 
 
+def test_esync_outer_adam_is_fedadam_on_the_workers_deltas(tmp_path, small_data):
+    """--outer-adam: two workers (1x, 8x: unequal k) and the sum rule; rank 0's checkpoint of
+    round t must be FedAdam's step (``OuterOptimizer.step``) on round t-1's checkpoint, its two
+    moments and the dumped deltas, with -gl as the step size. Heavy-ball momentum on the same
+    deltas, or Adam with another beta2, gives another model: checked too, so the test can fail."""
+    from esync.worker.algorithms import aggregate
+    from esync.worker.algorithms.esync import MOMENTUM_STATE, VARIANCE_STATE
+    dumps, gl, beta1, beta2 = tmp_path / "dumps", 0.01, 0.9, 0.99
+    run_cluster(tmp_path, small_data, "-m", "esync", "--workers", 2, "--policy", "planned",
+                "--slowdown", UNEQUAL_SLOWDOWN, "--aggregation", "sum", "--outer-adam",
+                "--outer-momentum", beta1, "--no-nesterov", "--outer-beta2", beta2, "-gl", gl,
+                "-ll", LR, *ORIGINAL_ROUNDS, "-b", BATCH, "--max-rounds", UNEQUAL_ROUNDS,
+                "-e", 1, "--max-seconds", 0, "--seed", SEED, "--no-evaluator",
+                env={"ESYNC_DUMP_PUSHES": str(dumps)})
+    store = CheckpointStore(tmp_path / "lenet" / "esync" / "checkpoints")
+    models_, moments = {}, {}
+    for t in range(1, UNEQUAL_ROUNDS + 1):
+        _, arrays = store.load(store.path_for(t), network="lenet")
+        state = store.read_state(store.path_for(t))
+        models_[t] = [arrays[n] for n in TRAINABLE]
+        moments[t] = [(state[MOMENTUM_STATE.format(i)], state[VARIANCE_STATE.format(i)])
+                      for i in range(len(TRAINABLE))]
+    pushed = _dumps(dumps, "esync")
+    assert any(pushed[0, t]["k"] != pushed[1, t]["k"] for t in range(2, UNEQUAL_ROUNDS + 1))
+
+    def replay(t, outer):
+        deltas = [_listed(pushed[r, t], "delta") for r in (0, 1)]
+        ks = [int(pushed[r, t]["k"]) for r in (0, 1)]
+        out = []
+        for i, start in enumerate(models_[t - 1]):
+            agg = aggregate.aggregate("sum", np.zeros_like(start), [d[i] for d in deltas], ks)
+            buffer = moments[t - 1][i] if outer.adam else moments[t - 1][i][0]
+            out.append(aggregate.apply_step(start, outer.step(agg, buffer)[0], gl))
+        return out
+
+    right = aggregate.OuterOptimizer(beta1, adam=True, beta2=beta2)
+    for t in range(2, UNEQUAL_ROUNDS + 1):
+        assert _rel_error(models_[t], replay(t, right)) < 1e-4, t
+    for wrong in (aggregate.OuterOptimizer(beta1), aggregate.OuterOptimizer(
+            beta1, adam=True, beta2=0.9)):
+        assert max(_rel_error(models_[t], replay(t, wrong))
+                   for t in range(2, UNEQUAL_ROUNDS + 1)) > 1e-2, wrong
+
+
 @pytest.mark.parametrize("rule,momentum,nesterov,wire,carry", [
     ("weighted", 0.0, False, "float32", False), ("fednova", 0.0, False, "float32", False),
     ("sum", 0.0, False, "float32", False), ("weighted", 0.5, True, "float32", False),

@@ -182,13 +182,18 @@ class Aggregation:
     accumulate: bool = False     # --accumulate (local iterations sum gradients)
     carry: bool = False          # --carry (iterations during the exchange, into the next round)
     carry_slowest: bool = False  # --carry-slowest (``carryall``: the slowest device carries too)
+    adam: bool = False           # --outer-adam (``adam=B1``: ``momentum`` is its beta1)
+
+    @property
+    def _outer(self) -> str:
+        return "adam" if self.adam else "nesterov" if self.nesterov else "momentum"
 
     @property
     def slug(self) -> str:
         """Part of the row name: ``weighted-nesterov0.9-gl0.7``."""
         parts = [self.rule]
-        if self.momentum:
-            parts.append(f"{'nesterov' if self.nesterov else 'momentum'}{self.momentum:g}")
+        if self.momentum or self.adam:
+            parts.append(f"{self._outer}{self.momentum:g}")
         if self.global_lr is not None:
             parts.append(f"gl{self.global_lr:g}")
         if self.comm_share is not None:
@@ -215,7 +220,9 @@ class Aggregation:
     def label(self) -> str:
         """Part of the row label: ``weighted + Nesterov 0.9, gl 0.7``."""
         text = self.rule
-        if self.momentum:
+        if self.adam:
+            text += f" + Adam {self.momentum:g}"
+        elif self.momentum:
             text += f" + {'Nesterov' if self.nesterov else 'momentum'} {self.momentum:g}"
         if self.global_lr is not None:
             text += f", gl {self.global_lr:g}"
@@ -244,8 +251,8 @@ class Aggregation:
     def text(self) -> str:
         """The ``--aggregations`` item that parses back into this row (every part of it)."""
         parts = [self.rule]
-        if self.momentum:
-            parts.append(f"{'nesterov' if self.nesterov else 'momentum'}={self.momentum:g}")
+        if self.momentum or self.adam:
+            parts.append(f"{self._outer}={self.momentum:g}")
         if self.global_lr is not None:
             parts.append(f"gl={self.global_lr:g}")
         if self.comm_share is not None:
@@ -264,6 +271,7 @@ class Aggregation:
         without ``share=`` takes the launcher's --comm-share for its data split and link."""
         argv = ["--aggregation", self.rule, "--outer-momentum", f"{self.momentum or 0:g}",
                 "--nesterov" if self.nesterov and self.momentum else "--no-nesterov",
+                "--outer-adam" if self.adam else "--no-outer-adam",
                 "-gl", f"{1.0 if self.global_lr is None else self.global_lr:g}",
                 "--overlap" if self.overlap else "--no-overlap", "--prox-mu", f"{self.prox_mu:g}",
                 "--scaffold" if self.scaffold else "--no-scaffold",
@@ -283,7 +291,7 @@ class Aggregation:
         return self == Aggregation("mean")
 
 
-_PART = re.compile(r"(nesterov|momentum|gl|share|round|prox|lowrank)=([0-9.eE+-]+)")
+_PART = re.compile(r"(nesterov|momentum|adam|gl|share|round|prox|lowrank)=([0-9.eE+-]+)")
 
 
 def parse_aggregations(text: str, flag: str = "--aggregations") -> list[Aggregation]:
@@ -312,7 +320,7 @@ def parse_aggregations(text: str, flag: str = "--aggregations") -> list[Aggregat
                     or (match.group(1) == "share" and value > 1) \
                     or (match.group(1) == "lowrank" and (value < 1 or value != int(value))):
                 raise UsageError(f"argument {flag}: {extra!r} in {item!r} is not "
-                                 "nesterov=M, momentum=M, gl=G, share=S (0 < S <= 1), "
+                                 "nesterov=M, momentum=M, adam=M, gl=G, share=S (0 < S <= 1), "
                                  "round=T (seconds), prox=MU, lowrank=R, overlap, scaffold, "
                                  "fp16, accumulate, carry or carryall, with numbers M, "
                                  "MU >= 0, G, T > 0 and a whole R >= 1")
@@ -327,7 +335,8 @@ def parse_aggregations(text: str, flag: str = "--aggregations") -> list[Aggregat
             elif match.group(1) == "lowrank":
                 fields["low_rank"] = int(value)
             else:
-                fields.update(momentum=value, nesterov=match.group(1) == "nesterov")
+                fields.update(momentum=value, nesterov=match.group(1) == "nesterov",
+                              adam=match.group(1) == "adam")
         agg = Aggregation(**fields)
         if agg not in found:
             found.append(agg)

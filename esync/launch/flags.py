@@ -32,6 +32,7 @@ CLUSTER_LR = 0.05 / 64
 CLUSTER_DEFAULTS = dict(network="lenet", cpu=1, learning_rate=CLUSTER_LR, local_lr=None,
                         eval_duration=10, max_seconds=90.0, mode="esync",
                         aggregation=None, outer_momentum=None, nesterov=None, global_lr=None,
+                        outer_adam=None,
                         comm_share=None, max_round_seconds=5.0, overlap=None, comm_dtype=None,
                         low_rank=None, accumulate=None, carry=None)
 # ESync's aggregation by data split, each the best ESync row of a repeated benchmark:
@@ -57,13 +58,14 @@ CLUSTER_DEFAULTS = dict(network="lenet", cpu=1, learning_rate=CLUSTER_LR, local_
 #   (docs/benchmark-2026-11-26-morning): a 15 s run on -s 1 cannot rank rates for a rule that
 #   takes one step per round.
 #   -ll elsewhere: CLUSTER_LR.
+ADAM_GLOBAL_LR = 0.01    # -gl under --outer-adam when the split's default is another outer step
 AGGREGATION_BY_SPLIT = {
-    0: dict(aggregation="weighted", outer_momentum=0.9, nesterov=True, global_lr=0.7,
-            accumulate=False, local_lr=CLUSTER_LR),
-    1: dict(aggregation="sum", outer_momentum=0.0, nesterov=False, global_lr=1.0,
-            accumulate=True, local_lr=9.5e-05),
-    2: dict(aggregation="sum", outer_momentum=0.5, nesterov=False, global_lr=1.0,
-            accumulate=False, local_lr=CLUSTER_LR),
+    0: dict(aggregation="weighted", outer_momentum=0.9, nesterov=True, outer_adam=False,
+            global_lr=0.7, accumulate=False, local_lr=CLUSTER_LR),
+    1: dict(aggregation="sum", outer_momentum=0.0, nesterov=False, outer_adam=False,
+            global_lr=1.0, accumulate=True, local_lr=9.5e-05),
+    2: dict(aggregation="sum", outer_momentum=0.5, nesterov=False, outer_adam=False,
+            global_lr=1.0, accumulate=False, local_lr=CLUSTER_LR),
 }
 # --comm-share and --overlap by data split and link. By-class shards (-s 1, -s 2) keep rounds of
 # one slowest iteration and no overlap, since every extra local step on one device's classes is
@@ -360,11 +362,18 @@ def _aggregation_for_split(args) -> None:
     """Fill what the user left out of ESync's aggregation with the data split's defaults; a
     momentum given without --nesterov keeps Nesterov only when the split's default has it."""
     defaults = AGGREGATION_BY_SPLIT[args.split_by_class]
+    if args.outer_adam is None:   # the split's outer step, unless the user chose another's parts
+        args.outer_adam = defaults["outer_adam"] and all(
+            getattr(args, dest) is None for dest in ("outer_momentum", "nesterov", "global_lr"))
+    if args.global_lr is None and args.outer_adam != defaults["outer_adam"]:
+        # -gl is Adam's step size, or a momentum's outer learning rate: not the other's default
+        args.global_lr = ADAM_GLOBAL_LR if args.outer_adam else 1.0
     for dest in ("aggregation", "outer_momentum", "global_lr", "local_lr"):
         if getattr(args, dest) is None:
             setattr(args, dest, defaults[dest])
     if args.nesterov is None:
-        args.nesterov = bool(defaults["nesterov"] and args.outer_momentum)
+        args.nesterov = bool(defaults["nesterov"] and args.outer_momentum
+                             and not args.outer_adam)
     if args.accumulate is None:         # not where a flag given needs local steps
         args.accumulate = defaults["accumulate"] and cli.accumulate_conflict(args) is None
 

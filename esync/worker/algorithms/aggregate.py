@@ -51,6 +51,18 @@ outer learning rate 0.7)::
 
 With ``M = 0`` the step is the delta itself: the rule alone. Every worker computes the same step
 from the same pulled sums, so the buffer is identical on every worker; it goes into checkpoints.
+
+Adam as the outer optimizer (``--outer-adam``; FedAdam, Reddi et al., "Adaptive Federated
+Optimization", ICLR 2021): the pseudo-gradient ``g = -delta`` feeds Adam's two moments, and every
+coordinate moves by at most about ``gl``, whatever the size of its delta::
+
+    mean     <- M * mean + (1 - M) * g                 (M: --outer-momentum, Adam's beta1)
+    variance <- B2 * variance + (1 - B2) * g * g       (B2: --outer-beta2)
+    params   <- start - gl * mean / (sqrt(variance) + tau)      (tau: --outer-epsilon)
+
+No bias correction, as FedAdam. On shuffled class shards the rounds' deltas pull towards
+different devices' classes from one round to the next; the normalised step keeps one round's
+pull from dominating the model (docs/ALGORITHM.md, "Adam as the outer step").
 """
 from __future__ import annotations
 
@@ -169,17 +181,28 @@ def global_variate(rule: str, variates, ks):
 
 @dataclass(frozen=True)
 class OuterOptimizer:
-    """Momentum (``nesterov=False``) or Nesterov momentum on the aggregated delta; 0: none."""
+    """Momentum (``nesterov=False``) or Nesterov momentum on the aggregated delta; 0: none.
+    ``adam``: Adam instead, ``momentum`` its first moment's decay (module docstring)."""
 
     momentum: float = 0.0
     nesterov: bool = False
+    adam: bool = False
+    beta2: float = 0.99
+    epsilon: float = 1e-3
 
     @property
     def has_state(self) -> bool:
-        return self.momentum > 0
+        return self.momentum > 0 or self.adam
 
     def step(self, delta, buffer):
-        """``(step, new_buffer)`` for one parameter; ``buffer`` is None when there is no state."""
+        """``(step, new_buffer)`` for one parameter; ``buffer`` is None when there is no state
+        and ``(mean, variance)`` under Adam. ``apply_step(start, step, gl)`` is the new model."""
+        if self.adam:
+            mean, variance = buffer
+            g = -delta
+            mean = self.momentum * mean + (1 - self.momentum) * g
+            variance = self.beta2 * variance + (1 - self.beta2) * g * g
+            return -mean / (variance ** 0.5 + self.epsilon), (mean, variance)
         if not self.has_state:
             return delta, buffer
         new_buffer = self.momentum * buffer + delta
@@ -188,7 +211,7 @@ class OuterOptimizer:
         return new_buffer, new_buffer
 
     def update(self, start, total, velocity, *, scale: float = 1.0,
-               global_lr: float = 1.0) -> None:
+               global_lr: float = 1.0, variance=None) -> None:
         """The worker's outer step, in place on MXNet NDArrays: ``start <- apply_step(start,
         step(scale * total), gl)`` as one of MXNet's fused optimizer kernels (``sgd_update``,
         ``sgd_mom_update``, ``nag_mom_update``, with the rate negated: they step against a
@@ -199,8 +222,16 @@ class OuterOptimizer:
         ``velocity`` is the kernels' momentum state, ``gl * buffer`` (``velocity_from`` and
         ``buffer_from`` convert; checkpoints keep the buffer), None without momentum. Equal to
         ``step`` and ``apply_step`` up to float32 rounding (the products are ordered
-        differently)."""
+        differently).
+
+        Under Adam ``velocity`` is its mean and ``variance`` its second moment, both of the
+        pseudo-gradient ``-scale * total`` (``adam_update``, kept as they are)."""
         from mxnet import nd
+        if self.adam:
+            nd.adam_update(start, total, velocity, variance, lr=global_lr, beta1=self.momentum,
+                           beta2=self.beta2, epsilon=self.epsilon, wd=0.0,
+                           rescale_grad=-scale, out=start)
+            return
         rate = dict(lr=-global_lr, wd=0.0, rescale_grad=scale)
         if not self.has_state:
             nd.sgd_update(start, total, out=start, **rate)

@@ -50,6 +50,9 @@ class AlgorithmConfig:
     aggregation: str = "mean"             # --aggregation: mean, weighted, fednova or sum
     outer_momentum: float = 0.0           # --outer-momentum: 0 is none
     nesterov: bool = False                # --nesterov: Nesterov form of the outer momentum
+    outer_adam: bool = False              # --outer-adam: Adam as the outer step (FedAdam)
+    outer_beta2: float = 0.99             # --outer-beta2: its second moment's decay
+    outer_epsilon: float = 1e-3           # --outer-epsilon: its tau
     dcasgd_lambda: float = 0.04           # --dcasgd-lambda: DC-ASGD's lambda (summed gradient)
     comm_share: float = 1.0               # --comm-share: communication's largest share of a round
     max_round_seconds: float = 0.0        # --max-round-seconds: bound on a round (0: none)
@@ -73,6 +76,9 @@ class AlgorithmConfig:
                    global_lr=args.global_lr, local_iters=args.local_iters, policy=args.policy,
                    epsilon=args.epsilon, aggregation=args.aggregation,
                    outer_momentum=args.outer_momentum, nesterov=bool(args.nesterov),
+                   outer_adam=bool(getattr(args, "outer_adam", False)),
+                   outer_beta2=getattr(args, "outer_beta2", cls.outer_beta2),
+                   outer_epsilon=getattr(args, "outer_epsilon", cls.outer_epsilon),
                    dcasgd_lambda=getattr(args, "dcasgd_lambda", cls.dcasgd_lambda),
                    comm_share=getattr(args, "comm_share", cls.comm_share),
                    max_round_seconds=getattr(args, "max_round_seconds", cls.max_round_seconds),

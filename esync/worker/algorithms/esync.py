@@ -84,6 +84,7 @@ from esync.coordination.rules import (RoundSizing, planned_continue, planned_rou
                                       slowest_rank)
 
 MOMENTUM_STATE = "outer_momentum.{}"     # checkpoint names of the outer optimizer's buffers
+VARIANCE_STATE = "outer_variance.{}"     # ... and of Adam's second moments (--outer-adam)
 SCAFFOLD_STATE = "scaffold_c.{}"         # checkpoint names of SCAFFOLD's global control variate
 MAX_REPORTS_PER_CALL = 64                # the state server's limit for one batch of round reports
 
@@ -113,10 +114,14 @@ class ESync(Algorithm):
     def prepare(self) -> None:
         cfg, w = self.config, self.worker
         self.outer = aggregate.OuterOptimizer(momentum=cfg.outer_momentum,
-                                              nesterov=cfg.nesterov)
-        # The outer momentum: buffers until ``setup``, then the fused kernels' gl x buffer
+                                              nesterov=cfg.nesterov, adam=cfg.outer_adam,
+                                              beta2=cfg.outer_beta2, epsilon=cfg.outer_epsilon)
+        # The outer momentum: buffers until ``setup``, then the fused kernels' gl x buffer;
+        # under Adam its first moment, and ``variance`` its second (kept as they are)
         self.momentum = ([nd.zeros(p.shape, ctx=w.ctx) for p in w.trainable]
                          if self.outer.has_state else [None] * len(w.trainable))
+        self.variance = ([nd.zeros(p.shape, ctx=w.ctx) for p in w.trainable]
+                         if self.outer.adam else [None] * len(w.trainable))
         self.variate = self.own_variate = None
         self.lowrank = (LowRankWire([p.shape for p in w.trainable], cfg.low_rank, w.ctx)
                         if cfg.low_rank else None)
@@ -172,6 +177,8 @@ class ESync(Algorithm):
         state = {}
         if self.outer.has_state:
             state.update({MOMENTUM_STATE.format(i): b for i, b in enumerate(self.momentum)})
+        if self.outer.adam:
+            state.update({VARIANCE_STATE.format(i): v for i, v in enumerate(self.variance)})
         if self.variate is not None:
             state.update({SCAFFOLD_STATE.format(i): c for i, c in enumerate(self.variate)})
         return state
@@ -181,7 +188,7 @@ class ESync(Algorithm):
         ``setup``)."""
         gl = self.config.global_lr
         momentum = ({MOMENTUM_STATE.format(i) for i in range(len(self.momentum))}
-                    if self.outer.has_state else set())
+                    if self.outer.has_state and not self.outer.adam else set())
         return {name: (self.outer.buffer_from(a, gl) if name in momentum else a).asnumpy()
                 for name, a in self.state_arrays().items()}
 
@@ -221,7 +228,8 @@ class ESync(Algorithm):
             self.lowrank.use_keys(extra[first_variate + variates:])
         self.aux = datas(w.aux)
         self.aux_sum = [nd.zeros_like(x) for x in self.aux]
-        if self.outer.has_state:       # loaded and shared as buffers; the kernels want gl x them
+        # loaded and shared as buffers; the momentum kernels want gl x them (Adam's as they are)
+        if self.outer.has_state and not self.outer.adam:
             for buffer in self.momentum:
                 self.outer.velocity_from(buffer, self.config.global_lr)
 
@@ -501,11 +509,12 @@ class ESync(Algorithm):
 
     def _move_to_aggregate(self, scale: float) -> None:
         """g <- g + gl * outer_step(scale * pulled sum); every worker computes the same."""
-        for start, total, velocity in zip(self.start, self.delta_sum, self.momentum):
+        for start, total, velocity, variance in zip(self.start, self.delta_sum, self.momentum,
+                                                    self.variance):
             if self._narrow_wire:
                 total = total.astype("float32")
             self.outer.update(start, total, velocity, scale=scale,
-                              global_lr=self.config.global_lr)
+                              global_lr=self.config.global_lr, variance=variance)
 
     def _continue_from(self, own_deltas, carried_from=None) -> None:
         """The next round starts at g (None) or, with overlap, at g + this worker's own delta;
