@@ -717,18 +717,20 @@ def _assert_carried_into_the_next_delta(logs, pushed, rounds, *, some=True, slow
 
 
 @pytest.mark.parametrize("variant", ["exchange-then-compute", "overlap", "carry",
-                                     "carry-planned", "carry-slowest"])
+                                     "carry-planned", "carry-slowest", "outer-adam"])
 def test_every_rank_holds_the_same_global_model_after_each_round(tmp_path, small_data, variant):
     """Two workers (1x, 8x: unequal k under either policy) dump the global model they hold
     after each round's sums arrived. Every rank must hold the same one: with --overlap it moves
     one round late, and each worker trains on it plus its own delta, never on another model;
     with --carry the fast worker trains on it plus its carried iterations (under the planned
     policy only those that fit in the last exchange's time, maybe none), with --carry-slowest
-    the slow one too."""
+    the slow one too; with --outer-adam every rank's moments move alike."""
     dumps = tmp_path / "dumps"
     extra = {"exchange-then-compute": [], "overlap": ["--overlap"],
              "carry": ["--carry", "--policy", "dynamic"], "carry-planned": ["--carry"],
-             "carry-slowest": ["--carry", "--carry-slowest", "--policy", "dynamic"]}[variant]
+             "carry-slowest": ["--carry", "--carry-slowest", "--policy", "dynamic"],
+             "outer-adam": ["--aggregation", "sum", "--outer-adam", "--no-nesterov",
+                            "-gl", "0.01"]}[variant]
     run_cluster(tmp_path, small_data, "-m", "esync", "--policy", "planned", "--workers", 2,
                 "--slowdown", UNEQUAL_SLOWDOWN, "-ll", LR, "-b", BATCH,
                 "--max-rounds", OVERLAP_ROUNDS,

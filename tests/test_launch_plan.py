@@ -312,7 +312,7 @@ def test_without_cgroups_an_explicit_cpu_cap_is_an_error(tmp_path, monkeypatch):
 @pytest.mark.parametrize("split, want", [
     ("0", ["weighted", "0.9", "--nesterov", "0.7"]),
     ("1", ["sum", "0.0", "--no-nesterov", "1.0"]),
-    ("2", ["sum", "0.5", "--no-nesterov", "1.0"]),
+    ("2", ["sum", "0.9", "--no-nesterov", "0.01", "--outer-adam"]),
 ])
 def test_aggregation_defaults_follow_the_data_split_and_yield_to_the_user(
         tmp_path, fashion_data_dir, split, want):
@@ -327,17 +327,22 @@ def test_aggregation_defaults_follow_the_data_split_and_yield_to_the_user(
         return [argv[argv.index("--aggregation") + 1],
                 argv[argv.index("--outer-momentum") + 1],
                 "--nesterov" if "--nesterov" in argv else "--no-nesterov",
-                argv[argv.index("--global-lr") + 1]]
+                argv[argv.index("--global-lr") + 1]] + [f for f in argv if f == "--outer-adam"]
     assert aggregation_of() == want
-    assert aggregation_of("--aggregation", "mean", "--outer-momentum", "0.5")[:3] == [
-        "mean", "0.5", "--nesterov" if split == "0" else "--no-nesterov"]
+    # a momentum given by hand is a momentum, with the momentum's outer rate (1 on -s 2)
+    assert aggregation_of("--aggregation", "mean", "--outer-momentum", "0.5") == [
+        "mean", "0.5", "--nesterov" if split == "0" else "--no-nesterov", want[3]
+        if split != "2" else "1.0"]
     assert aggregation_of("--outer-momentum", "0")[1:3] == ["0.0", "--no-nesterov"]
+    # Adam asked for on any split: no Nesterov form, and Adam's step size unless -gl is given
+    assert aggregation_of("--outer-adam")[2:] == ["--no-nesterov", "0.01", "--outer-adam"]
+    assert aggregation_of("--outer-adam", "-gl", "0.003")[3] == "0.003"
 
 
 @pytest.mark.parametrize("extra, want", [
     ([], ("--no-accumulate", 0.00078125)),
     (["-s", "1"], ("--accumulate", 9.5e-05)),
-    (["-s", "2"], ("--no-accumulate", 0.00078125)),
+    (["-s", "2"], ("--no-accumulate", 3e-04)),
     (["-s", "1", "-ll", "0.001"], ("--accumulate", 0.001)),
     (["-s", "1", "--no-accumulate"], ("--no-accumulate", 9.5e-05)),
     (["-s", "1", "--prox-mu", "0.1"], ("--no-accumulate", 9.5e-05)),

@@ -47,7 +47,10 @@ CLUSTER_DEFAULTS = dict(network="lenet", cpu=1, learning_rate=CLUSTER_LR, local_
 #   momentum 0.5 (docs/benchmark-byclass-s2-momentum, 3 repeats): final 0.821 (0.714-0.821)
 #   against 0.781 (0.714-0.783), the best checkpoint higher in every repeat. On -s 1 the same
 #   momentum ended lower (docs/benchmark-byclass-s1-momentum: 0.364 against 0.460), so -s 1
-#   keeps none.
+#   keeps none. Since 2026-11-29 -s 2 takes Adam as the outer step (FedAdam: beta1 0.9, step
+#   size -gl 0.01) with -ll 3e-04, docs/benchmark-byclass-s2-adam (3 repeats, 120 s): final
+#   0.872 (0.805-0.882) and 0.871 over the second half, against heavy-ball momentum 0.5's 0.855
+#   and 0.832 and ASGD's 0.809 and 0.850, side by side.
 # - -s 1 also accumulates its local iterations' gradients at the round's model (--accumulate),
 #   with -ll 9.5e-05: docs/benchmark-accumulate-s1 and the default benchmark of 2026-11-25,
 #   night (docs/benchmark-2026-11-25-night), where it ended well above plain sum; over 120 s
@@ -64,8 +67,8 @@ AGGREGATION_BY_SPLIT = {
             global_lr=0.7, accumulate=False, local_lr=CLUSTER_LR),
     1: dict(aggregation="sum", outer_momentum=0.0, nesterov=False, outer_adam=False,
             global_lr=1.0, accumulate=True, local_lr=9.5e-05),
-    2: dict(aggregation="sum", outer_momentum=0.5, nesterov=False, outer_adam=False,
-            global_lr=1.0, accumulate=False, local_lr=CLUSTER_LR),
+    2: dict(aggregation="sum", outer_momentum=0.9, nesterov=False, outer_adam=True,
+            global_lr=ADAM_GLOBAL_LR, accumulate=False, local_lr=3e-04),
 }
 # --comm-share and --overlap by data split and link. By-class shards (-s 1, -s 2) keep rounds of
 # one slowest iteration and no overlap, since every extra local step on one device's classes is
