@@ -49,8 +49,9 @@ CLUSTER_DEFAULTS = dict(network="lenet", cpu=1, learning_rate=CLUSTER_LR, local_
 #   momentum ended lower (docs/benchmark-byclass-s1-momentum: 0.364 against 0.460), so -s 1
 #   keeps none. Since 2026-11-29 -s 2 takes Adam as the outer step (FedAdam: beta1 0.9, step
 #   size -gl 0.01) with -ll 3e-04, docs/benchmark-byclass-s2-adam (3 repeats, 120 s): final
-#   0.872 (0.805-0.882) and 0.871 over the second half, against heavy-ball momentum 0.5's 0.855
-#   and 0.832 and ASGD's 0.809 and 0.850, side by side.
+#   0.877 (0.840-0.891) and 0.867 over the second half, against heavy-ball momentum 0.5's 0.855
+#   and 0.832, ASGD's 0.809 and 0.850, DC-ASGD's 0.855 and 0.837 and SSGD's 0.833 and 0.811,
+#   one after the other (docs/RESULTS.md, "Adam as the outer step on class shards").
 # - -s 1 also accumulates its local iterations' gradients at the round's model (--accumulate),
 #   with -ll 9.5e-05: docs/benchmark-accumulate-s1 and the default benchmark of 2026-11-25,
 #   night (docs/benchmark-2026-11-25-night), where it ended well above plain sum; over 120 s
