@@ -215,7 +215,7 @@ def add_run_args(parser: argparse.ArgumentParser, *, one_worker: bool = True) ->
     e.add_argument("--outer-adam", action=argparse.BooleanOptionalAction,
                    default=config.outer_adam,
                    help="Adam as the outer step (FedAdam): --outer-momentum is its beta1, -gl "
-                        "its step size (each coordinate moves about -gl a round at most: "
+                        "its step size (a coordinate moves by about -gl a round or less: "
                         "0.01 on shuffled class shards)")
     e.add_argument("--outer-beta2", type=_beta2, default=config.outer_beta2,
                    help="--outer-adam: the decay of its second moment")

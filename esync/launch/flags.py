@@ -173,6 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
         " (default: on for -m esync on -s 1, off otherwise)")
     parser._option_string_actions["--nesterov"].help += (
         " (default: on with the outer momentum of -s 0, off on by-class data)")
+    parser._option_string_actions["--outer-adam"].help += (
+        " (default: on for -m esync on -s 2 unless --outer-momentum, --nesterov or -gl is "
+        "given, off otherwise)")
     parser._option_string_actions["--comm-share"].help = (
         "the state server stretches rounds so that the measured exchange takes at most this "
         f"share of a round (default by data split and link: {COMM_SHARE_IID:g} on i.i.d. data "

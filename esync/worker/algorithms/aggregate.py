@@ -54,7 +54,7 @@ from the same pulled sums, so the buffer is identical on every worker; it goes i
 
 Adam as the outer optimizer (``--outer-adam``; FedAdam, Reddi et al., "Adaptive Federated
 Optimization", ICLR 2021): the pseudo-gradient ``g = -delta`` feeds Adam's two moments, and every
-coordinate moves by at most about ``gl``, whatever the size of its delta::
+coordinate moves by about ``gl`` or less, whatever the size of its delta::
 
     mean     <- M * mean + (1 - M) * g                 (M: --outer-momentum, Adam's beta1)
     variance <- B2 * variance + (1 - B2) * g * g       (B2: --outer-beta2)
