@@ -208,8 +208,8 @@ def _rel_error(got, want):
 
 def _checkpointed_rounds(log_dir, rounds):
     """Rank 0's checkpoints of rounds 1..rounds: {t: model}, {t: outer momentum buffers (None
-    without momentum)}, each a list in TRAINABLE's order."""
-    from esync.worker.algorithms.esync import MOMENTUM_STATE
+    without momentum; under --outer-adam (mean, variance))}, each a list in TRAINABLE's order."""
+    from esync.worker.algorithms.esync import MOMENTUM_STATE, VARIANCE_STATE
     store = CheckpointStore(log_dir / "lenet" / "esync" / "checkpoints")
     models_, buffers = {}, {}
     for t in range(1, rounds + 1):
@@ -217,6 +217,8 @@ def _checkpointed_rounds(log_dir, rounds):
         state = store.read_state(store.path_for(t))
         models_[t] = [arrays[n] for n in TRAINABLE]
         buffers[t] = [state.get(MOMENTUM_STATE.format(i)) for i in range(len(TRAINABLE))]
+        if VARIANCE_STATE.format(0) in state:
+            buffers[t] = [(m, state[VARIANCE_STATE.format(i)]) for i, m in enumerate(buffers[t])]
     return models_, buffers
 
 
@@ -249,7 +251,6 @@ def test_esync_outer_adam_is_fedadam_on_the_workers_deltas(tmp_path, small_data)
     moments and the dumped deltas, with -gl as the step size. Heavy-ball momentum on the same
     deltas, or Adam with another beta2, gives another model: checked too, so the test can fail."""
     from esync.worker.algorithms import aggregate
-    from esync.worker.algorithms.esync import MOMENTUM_STATE, VARIANCE_STATE
     dumps, gl, beta1, beta2 = tmp_path / "dumps", 0.01, 0.9, 0.99
     run_cluster(tmp_path, small_data, "-m", "esync", "--workers", 2, "--policy", "planned",
                 "--slowdown", UNEQUAL_SLOWDOWN, "--aggregation", "sum", "--outer-adam",
@@ -257,14 +258,8 @@ def test_esync_outer_adam_is_fedadam_on_the_workers_deltas(tmp_path, small_data)
                 "-ll", LR, *ORIGINAL_ROUNDS, "-b", BATCH, "--max-rounds", UNEQUAL_ROUNDS,
                 "-e", 1, "--max-seconds", 0, "--seed", SEED, "--no-evaluator",
                 env={"ESYNC_DUMP_PUSHES": str(dumps)})
-    store = CheckpointStore(tmp_path / "lenet" / "esync" / "checkpoints")
-    models_, moments = {}, {}
-    for t in range(1, UNEQUAL_ROUNDS + 1):
-        _, arrays = store.load(store.path_for(t), network="lenet")
-        state = store.read_state(store.path_for(t))
-        models_[t] = [arrays[n] for n in TRAINABLE]
-        moments[t] = [(state[MOMENTUM_STATE.format(i)], state[VARIANCE_STATE.format(i)])
-                      for i in range(len(TRAINABLE))]
+    models_, moments = _checkpointed_rounds(tmp_path, UNEQUAL_ROUNDS)
+    assert all(isinstance(m, tuple) and m[0] is not None for t in moments for m in moments[t])
     pushed = _dumps(dumps, "esync")
     assert any(pushed[0, t]["k"] != pushed[1, t]["k"] for t in range(2, UNEQUAL_ROUNDS + 1))
 

@@ -194,6 +194,12 @@ class OuterOptimizer:
     def has_state(self) -> bool:
         return self.momentum > 0 or self.adam
 
+    @property
+    def scaled_state(self) -> bool:
+        """The fused kernels keep the momentum as ``gl * buffer`` (``velocity_from``); Adam's
+        moments and no state need no conversion."""
+        return self.momentum > 0 and not self.adam
+
     def step(self, delta, buffer):
         """``(step, new_buffer)`` for one parameter; ``buffer`` is None when there is no state
         and ``(mean, variance)`` under Adam. ``apply_step(start, step, gl)`` is the new model."""

@@ -188,7 +188,7 @@ class ESync(Algorithm):
         ``setup``)."""
         gl = self.config.global_lr
         momentum = ({MOMENTUM_STATE.format(i) for i in range(len(self.momentum))}
-                    if self.outer.has_state and not self.outer.adam else set())
+                    if self.outer.scaled_state else set())
         return {name: (self.outer.buffer_from(a, gl) if name in momentum else a).asnumpy()
                 for name, a in self.state_arrays().items()}
 
@@ -228,8 +228,7 @@ class ESync(Algorithm):
             self.lowrank.use_keys(extra[first_variate + variates:])
         self.aux = datas(w.aux)
         self.aux_sum = [nd.zeros_like(x) for x in self.aux]
-        # loaded and shared as buffers; the momentum kernels want gl x them (Adam's as they are)
-        if self.outer.has_state and not self.outer.adam:
+        if self.outer.scaled_state:    # loaded and shared as buffers; the kernels want gl x them
             for buffer in self.momentum:
                 self.outer.velocity_from(buffer, self.config.global_lr)
 
