@@ -6,6 +6,7 @@ No wall-clock time is asserted."""
 import argparse
 import csv
 import json
+import math
 import os
 import re
 import subprocess
@@ -1105,6 +1106,57 @@ def test_pace_command_reads_an_earlier_benchmark_folder(tmp_path, capsys):
     # 30 s at 0.8 s per iteration is 33.75 s at the median 0.9 s; 20 s is 18 s
     assert line == "| esync-mean | loopback | 20.0, 30.0 | 1000.0, 800.0 | 1.50× | 1.88× |"
     assert pace.main([str(tmp_path / "nowhere")]) == 2
+    assert "not a benchmark's results" in capsys.readouterr().err
+
+
+def test_chance_that_repeats_stay_within_a_ratio():
+    # Two repeats: ln(t1) - ln(t2) ~ N(0, 2 sigma^2), so P = 2 Phi(ln(r) / (sigma sqrt 2)) - 1.
+    w = math.log(1.3) / (0.1 * math.sqrt(2))
+    assert stats.chance_within(1.3, 0.1, 2) == pytest.approx(math.erf(w / math.sqrt(2)),
+                                                             abs=1e-4)
+    # Three repeats of ESync's pooled sigma (0.1): 0.85 (Monte Carlo over 10^6 draws: 0.847).
+    assert stats.chance_within(1.3, 0.1, 3) == pytest.approx(0.847, abs=0.003)
+    assert stats.chance_within(1.3, 0.1, 5) < stats.chance_within(1.3, 0.1, 3)
+    assert stats.chance_within(1.3, 0.001, 3) == pytest.approx(1.0)
+    assert stats.chance_within(1.3, 0.2, 3) < 0.4
+    # Pooled over reports, each against its own mean: 10 and 20, 30 and 60 are both a factor 2.
+    assert stats.pooled_log_sigma([[10, 20], [30, 60], [7]]) == \
+        pytest.approx((math.log(2) / math.sqrt(2), 2))
+    assert stats.pooled_log_sigma([[7]]) is None
+
+
+def test_pace_command_pools_a_rows_repeats_over_reports(tmp_path, capsys):
+    """Only reports with distinct seeds, and only where every repeat reached the target; one
+    device alone once per report although every network setting lists it."""
+    def report(name, seeds, rows):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "benchmark.json").write_text(json.dumps({
+            "config": {"seeds": seeds}, "runs": [],
+            "settings": {setting: {"rows": {row: [None if t is None else {"time_to_target": t}
+                                                  for t in times]
+                                            for row, times in found.items()}}
+                         for setting, found in rows.items()}}))
+        return str(folder)
+    alone = {"local": [20.0, 21.0, 22.0]}
+    folders = [report("a", [1, 2, 3], {"loopback": {"esync-mean": [10.0, 20.0, 10.0], **alone},
+                                       "netns": dict(alone)}),
+               report("b", [1, 2, 3], {"loopback": {"esync-mean": [30.0, 60.0, None]}}),
+               report("c", [1, 1, 1], {"loopback": {"esync-mean": [5.0, 50.0, 5.0]}})]
+    assert pace.main(["--pool", *folders, "--min-reports", "1"]) == 0
+    table = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| ")][2:]
+    sigma = math.sqrt(2 * (math.log(2) / 3) ** 2 + (2 * math.log(2) / 3) ** 2) / math.sqrt(2)
+    chance = stats.chance_within(1.3, sigma, 3)
+    assert table == [f"| esync-mean | loopback | 1 | 3 | {sigma:.3f} | 2.00× | 0 of 1 | "
+                     f"{chance:.2f} |",
+                     "| local | loopback | 1 | 3 | 0.048 | 1.10× | 1 of 1 | 1.00 |"]
+    assert pace.main(["--pool", *folders]) == 0                 # seen in one report of three
+    assert "no row reached the target in 3 or more of the reports" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exc:
+        pace.main(folders[:2])
+    assert exc.value.code == 2
+    assert "give one benchmark folder, or --pool to pool several" in capsys.readouterr().err
+    assert pace.main(["--pool", folders[0], str(tmp_path / "nowhere")]) == 2
     assert "not a benchmark's results" in capsys.readouterr().err
 
 

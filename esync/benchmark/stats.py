@@ -108,6 +108,39 @@ def paced_spread(times, paces) -> Spread | None:
     return spread(paced(times, paces), censored=True)
 
 
+def pooled_log_sigma(groups) -> tuple[float, int] | None:
+    """(standard deviation of ln(time), degrees of freedom) pooled over ``groups``, each one
+    report's repeats of one row: every time is taken from its own report's mean log, so
+    reports that ran at different paces or rates still pool. Spreads between times are ratios,
+    hence logs. Groups with fewer than two times add nothing; None when no group has two."""
+    squares, dof = 0.0, 0
+    for times in groups:
+        logs = [math.log(t) for t in times]
+        if len(logs) < 2:
+            continue
+        mean = sum(logs) / len(logs)
+        squares += sum((v - mean) ** 2 for v in logs)
+        dof += len(logs) - 1
+    return (math.sqrt(squares / dof), dof) if dof else None
+
+
+def chance_within(ratio: float, sigma: float, repeats: int) -> float:
+    """The chance that ``repeats`` runs of a row whose ln(time) has standard deviation ``sigma``
+    stay within ``ratio`` (slowest / fastest at most ``ratio``): the range of that many normal
+    draws, at most ln(ratio) / sigma standard deviations,
+    P = n * integral of phi(x) * (Phi(x + w) - Phi(x))^(n - 1) dx."""
+    if repeats < 2 or sigma <= 0:
+        return 1.0
+    w = math.log(ratio) / sigma
+    step, total = 0.005, 0.0
+    for i in range(-2400, 2401):          # x from -12 to 12: the tails beyond add nothing
+        x = i * step
+        phi = math.exp(-x * x / 2) / math.sqrt(2 * math.pi)
+        cdf_gap = (math.erf((x + w) / math.sqrt(2)) - math.erf(x / math.sqrt(2))) / 2
+        total += phi * cdf_gap ** (repeats - 1) * step
+    return min(1.0, repeats * total)
+
+
 def overlap(a: Spread, b: Spread) -> bool:
     """Whether the min–max ranges of ``a`` and ``b`` share a point (``inf`` included: two rows
     that both missed the target in some run overlap there)."""
