@@ -1156,6 +1156,10 @@ def test_pace_command_pools_a_rows_repeats_over_reports(tmp_path, capsys):
         pace.main(folders[:2])
     assert exc.value.code == 2
     assert "give one benchmark folder, or --pool to pool several" in capsys.readouterr().err
+    for bad in (["--ratio", "1"], ["--ratio", "nan"], ["--repeats", "1"]):
+        with pytest.raises(SystemExit):
+            pace.main(["--pool", *folders, *bad])
+        assert "--ratio must be above 1" in capsys.readouterr().err
     assert pace.main(["--pool", folders[0], str(tmp_path / "nowhere")]) == 2
     assert "not a benchmark's results" in capsys.readouterr().err
 

@@ -187,7 +187,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if not args.pool and len(args.folders) > 1:
         parser.error("give one benchmark folder, or --pool to pool several")
-    if args.ratio <= 1 or args.repeats < 2 or args.min_reports < 1:
+    if not args.ratio > 1 or args.repeats < 2 or args.min_reports < 1:     # nan too
         parser.error("--ratio must be above 1, --repeats at least 2, --min-reports at least 1")
     try:
         if args.pool:
