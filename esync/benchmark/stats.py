@@ -131,13 +131,9 @@ def chance_within(ratio: float, sigma: float, repeats: int) -> float:
     P = n * integral of phi(x) * (Phi(x + w) - Phi(x))^(n - 1) dx."""
     if repeats < 2 or sigma <= 0:
         return 1.0
-    w = math.log(ratio) / sigma
-    step, total = 0.005, 0.0
-    for i in range(-2400, 2401):          # x from -12 to 12: the tails beyond add nothing
-        x = i * step
-        phi = math.exp(-x * x / 2) / math.sqrt(2 * math.pi)
-        cdf_gap = (math.erf((x + w) / math.sqrt(2)) - math.erf(x / math.sqrt(2))) / 2
-        total += phi * cdf_gap ** (repeats - 1) * step
+    w, normal, step = math.log(ratio) / sigma, statistics.NormalDist(), 0.005
+    total = sum(normal.pdf(x) * (normal.cdf(x + w) - normal.cdf(x)) ** (repeats - 1) * step
+                for x in (i * step for i in range(-2400, 2401)))   # -12..12: tails add nothing
     return min(1.0, repeats * total)
 
 
