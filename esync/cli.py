@@ -83,6 +83,19 @@ class EverySeconds(float):
         return f"{float(self):g}s"
 
 
+def local_iters_list(text: str) -> tuple[int, ...]:
+    """--local-iters of esync-cluster: one k for every worker, or one per worker."""
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of local iterations >= 0, or one per worker "
+            "(comma-separated)")
+    return values
+
+
 def _epsilon(text):
     if text == "auto":
         return text
@@ -197,8 +210,15 @@ def add_run_args(parser: argparse.ArgumentParser, *, one_worker: bool = True) ->
     e.add_argument("--epsilon", type=_epsilon, default=config.epsilon,
                    help="slack of the state server: 'auto' (relative to iteration time) or "
                         "absolute seconds as in the original")
-    e.add_argument("--local-iters", type=non_negative_int, default=0,
-                   help="fixed local iterations per round, bypassing the state server (0: ask it)")
+    if one_worker:
+        e.add_argument("--local-iters", type=non_negative_int, default=0,
+                       help="fixed local iterations per round, bypassing the state server "
+                            "(0: ask it)")
+    else:
+        e.add_argument("--local-iters", type=local_iters_list, default=(),
+                       help="fixed local iterations per round, bypassing the state server: one "
+                            "number for every worker or one per worker, e.g. 2,8 (default: ask "
+                            "it)")
     e.add_argument("--aggregation", choices=AGGREGATION_RULES,
                    default=config.aggregation,
                    help="how the workers' deltas are combined: mean (the original; weights "
@@ -277,11 +297,24 @@ def build_parser() -> argparse.ArgumentParser:
                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_training_args(parser)
     add_run_args(parser)
+    parser.add_argument("--explain", action="store_true",
+                        help="print every resolved option with its source (config.py default "
+                             "or user flag) and exit without starting or contacting anything")
     return parser
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    args = build_parser().parse_args(argv)
+    """main.py's flags over config.py's defaults (no presets: the original's meaning);
+    ``args.resolution`` records each value's source."""
+    from esync.common import presets
+    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(map(str, argv))
+    args = parser.parse_args(argv)
+    given = presets.given_options(parser, argv)
+    args.resolution = presets.resolve(
+        {k: v for k, v in vars(args).items() if k not in given},
+        presets.Situation(tool="main.py", mode=args.mode, split=args.split_by_class,
+                          user=given))
     if args.use_dcasgd and args.mode != "async":
         raise UsageError("argument -dcasgd/--use-dcasgd: needs -m async")
     if args.resume and args.overwrite:
@@ -327,6 +360,22 @@ def check_esync_options(args) -> None:
         raise UsageError(f"argument --comm-dtype: {args.comm_dtype} is the type of ESync's "
                          f"deltas; -m {args.mode} exchanges float32 gradients and weights: "
                          "leave --comm-dtype at float32 or use -m esync")
+
+
+def preset_excluded(option: str, values) -> str | None:
+    """What in ``values`` a preset's value for ``option`` cannot be combined with (None:
+    nothing): the presets' values yield to it (esync.common.presets.resolve)."""
+    args = argparse.Namespace(**values)
+    if option == "nesterov" and values.get("nesterov"):
+        if values.get("outer_adam"):
+            return "--outer-adam has no Nesterov form"
+        if not values.get("outer_momentum"):
+            return "--nesterov needs an --outer-momentum above 0"
+    conflicts = {"low_rank": low_rank_conflict, "carry": carry_conflict,
+                 "accumulate": accumulate_conflict}
+    if option in conflicts and values.get(option):
+        return conflicts[option](args)
+    return None
 
 
 def low_rank_conflict(args) -> str | None:
@@ -424,6 +473,8 @@ def dmlc_environment(role: str, env=os.environ) -> dict:
 def main(argv=None) -> int:
     role = os.environ.get("DMLC_ROLE", "")
     try:
+        if "--explain" in (sys.argv[1:] if argv is None else argv):
+            return _explain(parse_args(argv), role)
         if role:
             dmlc_environment(role)
         if role in ("scheduler", "server", "worker"):
@@ -459,6 +510,15 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("main.py: interrupted", file=sys.stderr)
         return 130
+
+
+def _explain(args, role: str) -> int:
+    """Print the resolved run; start, import and contact nothing."""
+    from esync.common import presets
+    print(presets.explain(args.resolution, build_parser(), values=vars(args),
+                          extra=[("role", f"DMLC_ROLE={role}" if role else
+                                  "none (standalone: -m local)")]))
+    return 0
 
 
 def _run_evaluator(args) -> int:

@@ -370,10 +370,11 @@ def parse_rates(text: str, flag: str) -> list[str]:
 # ----------------------------------------------------------------------------- the parser
 
 def _cluster_defaults() -> dict:
-    from esync.launch import CLUSTER_DEFAULTS, CLUSTER_LR
+    from esync.common.presets import CLUSTER_LR, PRESETS
     # The launcher picks -ll by data split; the benchmark passes one -ll to every ESync row
     # (--tune-lr none): the i.i.d. one, as -l.
-    return {**CLUSTER_DEFAULTS, "local_lr": CLUSTER_LR}
+    demo = next(p for p in PRESETS if p.name == "demo")
+    return {**demo.sets, "local_lr": CLUSTER_LR}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -31,7 +31,8 @@ The parts (the cluster's world: nothing here imports MXNet):
 - ``namespaces.py``: emulated hosts (``--net netns``); ``remote.py``: the ``--backend`` flags.
 """
 from esync.launch.program import main
-from esync.launch.flags import CLUSTER_DEFAULTS, CLUSTER_LR, build_parser, worker_argv
+from esync.common.presets import CLUSTER_LR
+from esync.launch.flags import build_parser, worker_argv
 from esync.launch.roles import MAIN, REPO
 
-__all__ = ["CLUSTER_DEFAULTS", "CLUSTER_LR", "MAIN", "REPO", "build_parser", "main", "worker_argv"]
+__all__ = ["CLUSTER_LR", "MAIN", "REPO", "build_parser", "main", "worker_argv"]

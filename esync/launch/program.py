@@ -1,8 +1,13 @@
 """esync-cluster's program: parse, make the job, supervise it, report. Backend-blind."""
+import json
 import signal
 import sys
+from pathlib import Path
 
+from esync.common import runlayout
 from esync.common.errors import UsageError
+from esync.common.files import atomic_write_text
+from esync.common.presets import explain
 from esync.launch.launches import make_launch
 from esync.launch.namespaces import NetnsError
 from esync.launch.flags import build_parser, parse
@@ -23,6 +28,9 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         args = parse(parser, argv)
+        if args.explain:
+            print(explain(args.resolution, parser, values=vars(args)))
+            return 0
         job = make_launch(args, parser)
         backend = job.backend()
         specs = job.plan()
@@ -50,7 +58,22 @@ def main(argv=None) -> int:
         if backend is not None:
             backend.close()                  # idempotent; the supervisor closed it already
     job.finish(code)
+    record_resolution(job.mode_dir, args.resolution)
     return code
+
+
+def record_resolution(mode_dir: Path, resolution) -> None:
+    """run.json keeps the launcher's resolution (every value's source, the presets applied)
+    beside rank 0's own record of its flags, which it wrote at the start."""
+    path = runlayout.run_file(mode_dir)
+    try:
+        content = json.loads(path.read_text()) if path.exists() else {}
+    except (OSError, ValueError):
+        content = {}
+    if not isinstance(content, dict) or not mode_dir.is_dir():
+        return
+    content["resolved"] = resolution.record()
+    atomic_write_text(path, json.dumps(content, indent=1))
 
 
 if __name__ == "__main__":

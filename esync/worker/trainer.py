@@ -574,5 +574,11 @@ def _write_json(path: Path, content: dict) -> None:
 
 
 def _write_run_config(folder: Path, args, num_workers: int) -> None:
-    _write_json(folder / "run.json", dict(vars(args), num_workers=num_workers,
-                                          mode_dir=folder.name))
+    """run.json: the run's flags, and where each value came from (``--explain``'s record;
+    a launcher replaces it with its own when the job ends)."""
+    content = _jsonable(dict(vars(args), num_workers=num_workers, mode_dir=folder.name))
+    resolution = getattr(args, "resolution", None)
+    if resolution is not None:
+        content["resolved"] = resolution.record()
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(folder / "run.json", json.dumps(content, indent=1))
