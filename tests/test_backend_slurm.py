@@ -10,7 +10,7 @@ from support import (REPO, device_logs, processes_mentioning, run_cluster, wait_
                      write_fashion_dir)
 
 JOB = ["--backend", "slurm", "--nodes", 1, "--node-devices", "cpu,cpu", "--time", 10,
-       "-m", "esync", "-b", 8, "-e", 1]
+       "-m", "esync", "-n", "lenet", "-b", 8, "-e", 1]
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import pytest
 
 from support import device_logs, processes_mentioning, run_cluster, wait_for_rounds
 
-JOB = ["-m", "esync", "-b", 8, "-e", 1]
+JOB = ["-m", "esync", "-n", "lenet", "-b", 8, "-e", 1]
 
 
 def hostfile(tmp_path, text="127.0.0.1 cpu,cpu\n"):

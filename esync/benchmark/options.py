@@ -619,7 +619,7 @@ def resolve_data(args) -> None:
 def launcher_flags() -> set[str]:
     """The option strings esync-cluster accepts in this checkout."""
     from esync.launch import build_parser as launcher_parser
-    return set(launcher_parser()._option_string_actions)
+    return {flag for action in launcher_parser()._actions for flag in action.option_strings}
 
 
 def netns_possible(flags: set[str]) -> str | None:

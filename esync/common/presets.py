@@ -154,7 +154,8 @@ class Resolution:
 
     def record(self) -> dict:
         """The JSON form run.json keeps."""
-        return {"presets": list(self.presets),
+        situation = {k: v for k, v in vars(self.situation).items() if k != "user"}
+        return {"situation": situation, "presets": list(self.presets),
                 "values": {k: _jsonable(v) for k, v in self.values.items()},
                 "sources": dict(self.sources), "yielded": dict(self.yielded)}
 
@@ -218,7 +219,12 @@ def explain(resolution: Resolution, parser: argparse.ArgumentParser, *, values=N
     its flag, value and source; then the presets that applied and what they yielded.
     ``values``: the final values when checks completed some (absolute paths, per-worker
     lists); by default the resolution's."""
+    s = resolution.situation
+    links = "free" if s.free_links else "shaped" if s.shaped else "other machines'"
     lines = [f"{parser.prog}: the resolved run (nothing was started)"]
+    if s.tool == "esync-cluster":
+        lines.append(f"situation: backend {s.backend}, {links} links, -s {s.split}, "
+                     f"-m {s.mode}, {s.workers} worker(s){', GPU devices' if s.gpus else ''}")
     values = resolution.values if values is None else values
     sources = resolution.sources
     for group in parser._action_groups:
