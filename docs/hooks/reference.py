@@ -118,7 +118,7 @@ def page(command: str, entry: str) -> str:
     for title, action in documented_actions(parser):
         if title != current:
             current = title
-            lines += ["", f"## {title[0].upper() + title[1:]}", "",
+            lines += ["", f"## {title}", "",
                       "| option | default | meaning |", "| --- | --- | --- |"]
         lines.append(f"| {_names(action)} | {_default(action)} | {_help(parser, action)} |")
     if parser.epilog:
