@@ -126,3 +126,16 @@ def test_every_report_kept_is_cited_by_a_hand_written_page():
     uncited = [folder.name for folder in report_folders()
                if f"{folder.name}/report.md" not in cited]
     assert uncited == []
+
+
+def test_every_presets_evidence_names_a_page_and_section_of_the_built_site(built_site):
+    """Each preset of esync-cluster says where its measurements are (docs/PAGE.md#SECTION):
+    that page must be built and hold that anchor."""
+    presets = pytest.importorskip("esync.common.presets")
+    broken = []
+    for preset in presets.PRESETS:
+        page, _, anchor = preset.evidence.partition("#")
+        html = built_site / Path(page).relative_to("docs").with_suffix("") / "index.html"
+        if not html.exists() or (anchor and f'id="{anchor}"' not in html.read_text()):
+            broken.append(f"{preset.name}: {preset.evidence}")
+    assert broken == []

@@ -57,12 +57,19 @@ def is_fence(line):
     return line.lstrip().startswith("```")
 
 
+HTML_ANCHOR = re.compile(r'<a id="([^"]+)"></a>')
+
+
 def anchors(markdown):
+    """Every heading's anchor, and the ids of `<a id="..."></a>` lines (an alias kept for a link
+    written before a heading was renamed)."""
     seen, found = {}, set()
     in_code = False
     for line in markdown.splitlines():
         if is_fence(line):
             in_code = not in_code
+        elif not in_code and HTML_ANCHOR.fullmatch(line.strip()):
+            found.add(HTML_ANCHOR.fullmatch(line.strip()).group(1))
         elif not in_code and re.match(r"#{1,6} ", line):
             slug = github_slug(line.lstrip("#"))
             count = seen.get(slug, 0)
@@ -82,6 +89,7 @@ def test_github_slug_matches_githubs_rule():
     assert github_slug(" Rank 0's writes off the `training` thread") == \
         "rank-0s-writes-off-the-training-thread"
     assert anchors("# A\n```\n# not a heading\n```\n## A\n") == {"a", "a-1"}
+    assert anchors('<a id="old-name"></a>\n\n## New name\n') == {"old-name", "new-name"}
 
 
 @pytest.mark.parametrize("document", HAND_WRITTEN_DOCS)
