@@ -333,8 +333,8 @@ def check_esync_options(args) -> None:
             and not getattr(args, "outer_momentum", 0)):
         print("warning: --scaffold with --aggregation sum and no outer momentum fell to chance "
               "in one of two measured runs (shuffled class shards, -ll 0.001); with "
-              "--outer-momentum 0.5 both learned (docs/RESULTS.md, \"SCAFFOLD with its variate "
-              "weighted by the steps\")", file=sys.stderr)
+              "--outer-momentum 0.5 both learned (docs/results/shuffled-class.md, "
+              "\"What did not help on -s 2\")", file=sys.stderr)
     if getattr(args, "outer_adam", False) and args.nesterov:
         raise UsageError("--outer-adam has no Nesterov form: give --no-nesterov (its "
                          "--outer-momentum is Adam's beta1)")

@@ -278,8 +278,8 @@ def test_checkpoints_every_n_seconds_fall_on_the_first_round_past_each_interval(
 
 
 def test_scaffold_with_the_sum_rule_and_no_outer_momentum_warns_and_runs(capsys):
-    """Measured at chance in one run of two on -s 2 (docs/RESULTS.md, "SCAFFOLD with its
-    variate weighted by the steps"): said once, not refused; with momentum 0.5 both learned."""
+    """Measured at chance in one run of two on -s 2 (docs/results/shuffled-class.md,
+    "What did not help on -s 2"): said once, not refused; with momentum 0.5 both learned."""
     args = cli.parse_args(["-m", "esync", "--scaffold", "--aggregation", "sum",
                            "--outer-momentum", "0", "--no-nesterov"])
     assert args.scaffold and args.aggregation == "sum"

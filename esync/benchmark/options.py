@@ -70,7 +70,7 @@ DEFAULT_TUNE_BUDGET = 10.0
 # fed its last class, and every mode's final accuracy was where the devices stood in their class
 # order (docs/benchmark-byclass-s1-120s). Their tuning runs last 40 s: in 15 s runs every rate
 # from 9.49e-05 up scored chance for ESync, which then ran its 120 s at 9.49e-06 and ended at
-# 0.42 (docs/benchmark-2026-11-26-morning); cut at 40 s, the seed-1 runs of
+# 0.42 (docs/results/by-class.md, "Rates tuned over 60 s"); cut at 40 s, the seed-1 runs of
 # docs/benchmark-byclass-s1-tune60 choose the rates its 60 s runs of two seeds chose (ESync
 # 9.49e-05, ASGD and DC-ASGD 0.0003), each by 0.06 or more.
 BYCLASS_TUNE_FACTOR = 4.0
@@ -472,7 +472,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "weighs on every row's time to the target")
     r.add_argument("--policy", choices=POLICIES, default="dynamic",
                    help="ESync's state-server policy (dynamic, the launcher's default: it "
-                        "reached 0.85 sooner than planned in docs/benchmark-policy); both: "
+                        "reached 0.85 sooner than planned: docs/BENCHMARK.md, \"Rows\"); both: "
                         "every ESync row twice")
     r.add_argument("--target", type=_target, default=0.85,
                    help="test accuracy whose time to reach compares the rows (speedups, "

@@ -34,11 +34,11 @@ SHIFT_MODES = ("esync", "sync", "async")
 SHIFT_POLICIES = ("dynamic", "planned")
 
 # Seconds a run takes beyond its budget (start-up, the evaluator's catch-up, the summary), as
-# measured in a full benchmark on a slow machine (docs/benchmark-2026-11-28/report.md: 2 cores,
+# measured in a full benchmark on a slow machine (docs/BENCHMARK.md, "Budget": 2 cores,
 # CPU caps; the means of its runs' seconds minus their budgets; 29.8 ms per iteration on one
 # free core). Most of it is eight processes importing MXNet at once on two cores, so it grows
 # with a slower machine: on faster ones the same means were 7.9, 11.3 and 8.3 s (19.7 ms,
-# docs/benchmark-2026-11-27) and 10.2, 14.8 and 8.9 s (24.7 ms, docs/benchmark); the slow
+# earlier default benchmarks, in git history) and 10.2, 14.8 and 8.9 s (24.7 ms); the slow
 # machine's keep the estimate on the safe side. A standalone run also scores the test set
 # inline every -e iterations, which its training-time budget leaves out: 6.7 s over a 10 s
 # budget, 19.0 s over 40 s, i.e. 3 s plus 0.4 of the budget.
@@ -46,10 +46,11 @@ OVERHEAD_S = {"loopback": 11.2, "netns": 15.5, "tune": 12.4}
 STANDALONE_OVERHEAD_S = (3.0, 0.4)      # fixed seconds, fraction of the budget
 FIXED_OVERHEAD_S = 30.0                 # measuring the shaped rate, the report, the figures
 # SSGD's i.i.d. runs may go on to this many budgets to reach the target (Table 1's speedup). At
-# its tuned 0.003 SSGD reached 0.80 in 62.5 s on loopback (docs/benchmark-2026-11-25-noon); 2.5
-# budgets (100 s at the default 40) give it a fair chance, and the default's cost stays bounded
-# (6 runs x 60 s more; 3 budgets no longer fit 100 minutes once the best tuning rates are
-# confirmed with a second seed); where it still falls short the speedup is a lower bound.
+# its tuned 0.003 SSGD reached 0.80 in 62.5 s on loopback (an earlier default benchmark, in the
+# git history; docs/BENCHMARK.md "Table 1"); 2.5 budgets (100 s at the default 40) give it a
+# fair chance, and the default's cost stays bounded (6 runs x 60 s more; 3 budgets no longer
+# fit 100 minutes once the best tuning rates are confirmed with a second seed); where it still
+# falls short the speedup is a lower bound.
 SYNC_CAP_BUDGETS = 2.5
 
 
@@ -316,8 +317,8 @@ def widening_jobs(args, out: Path, all_rows: list[Row], tuning: dict) -> list[Jo
 # A by-class group whose best short run scored below this mean accuracy has barely left chance
 # (0.1 for ten classes): its runs cannot rank rates yet. ESync's -s 1 rule, one accumulated step
 # per round, sat at chance for the first 20-25 s of its 40 s runs at every rate with the
-# 0.505-core x1 devices, and its choice was noise (docs/benchmark-reserve-carry-default: 3e-05 by
-# 0.194 against 0.159; docs/benchmark-2026-11-27: 9.49e-05 by 0.184 against 0.164). Over 80 s
+# 0.505-core x1 devices, and its choice was noise (two default benchmarks, docs/BENCHMARK.md
+# "Learning rates": 3e-05 by 0.194 against 0.159; 9.49e-05 by 0.184 against 0.164). Over 80 s
 # the same two rates were apart (3e-05 0.323, 9.49e-05 0.204), and 3e-05 then ended highest.
 UNDECIDED_SCORE = 0.25
 LENGTHENED_RATES = 2    # how many of such a group's best rates run again, ...

@@ -113,8 +113,8 @@ MIN_CORES = MIN_QUOTA_US / MAX_PERIOD_US
 # answers every pull), the ps-lite scheduler (idle after the rendezvous), the evaluator (runs a
 # test pass every few seconds) and the state server (small HTTP requests), and the workers'
 # threads outside their caps (ps-lite's, ZeroMQ's, the training loop's Python that dispatches
-# the operators). Measured side by side on 2 cores with the default 1, 1, 4, 8 (docs/RESULTS.md, "A
-# larger reserve" and "The reserve sized"): with half a core left (a x1 device at 0.63) a x1 device trained at 0.82 of
+# the operators). Measured side by side on 2 cores with the default 1, 1, 4, 8 (docs/results/emulation.md;
+# the side-by-side reports are in git history): with half a core left (a x1 device at 0.63) a x1 device trained at 0.82 of
 # the same device alone, with 0.81 left (0.5) at 0.90, with 1.05 left (0.4) at 0.87. The quotas
 # are caps, not reservations: whatever the others leave unused is simply idle.
 DEFAULT_RESERVE = 0.8
