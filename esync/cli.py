@@ -175,6 +175,14 @@ def add_run_args(parser: argparse.ArgumentParser, *, one_worker: bool = True) ->
                         "-m local leaves out the inline scoring of the test set (0: no limit)")
     g.add_argument("--target-accuracy", type=fraction, default=config.target_accuracy,
                    help="stop once the test accuracy reaches this (0: never)")
+    g.add_argument("--inline-eval", action=argparse.BooleanOptionalAction, default=True,
+                   help="rank 0 scores the test set every -e rounds between two rounds, prints "
+                        "'[Iteration N] Test Acc' and logs the accuracy in its round log, as "
+                        "the original did (in sync and esync every worker waits for it); give "
+                        "--no-inline-eval where an evaluator (DMLC_ROLE=evaluator) scores rank "
+                        "0's checkpoints off the critical path instead. esync-cluster starts "
+                        "that evaluator and gives its workers --no-inline-eval (with "
+                        "--no-evaluator nothing scores unless --inline-eval is given)")
     g.add_argument("--seed", type=non_negative_int, default=config.seed,
                    help="data partition, shuffling and initial weights")
     g.add_argument("--overwrite", action="store_true",
@@ -319,6 +327,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         raise UsageError("argument -dcasgd/--use-dcasgd: needs -m async")
     if args.resume and args.overwrite:
         raise UsageError("--resume and --overwrite exclude each other")
+    if not args.inline_eval and args.mode == "local":
+        raise UsageError("--no-inline-eval: -m local writes no checkpoints for an evaluator to "
+                         "score, so it scores the test set itself; leave the flag out")
     if args.eval_duration == "auto" and args.mode != "local":
         args.eval_duration = 1    # a cluster checkpoints every round; its evaluator scores them
     check_esync_options(args)

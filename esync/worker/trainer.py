@@ -2,6 +2,20 @@
 
 A round is: local iterations while the algorithm says so (one for sync/async/local, k_i for
 ESync), then the algorithm's aggregation. Everything mode-specific lives in ``esync.worker.algorithms``.
+
+Test accuracy comes from one of two places, which rank 0's first line names:
+
+- inline (``--inline-eval``, main.py's default, as the original): after every ``-e``-th round's
+  aggregation rank 0 scores the test set itself, prints ``[Iteration N] Test Acc 0.xyz`` and
+  logs the score as ``accuracy`` in that round's log, the time taken as its "evaluation" phase.
+  The cost is the original's: one pass over the test set between two rounds. In sync and ESync
+  every worker waits for it at the next exchange (the cluster's round is that much longer; in
+  a cluster rank 0's ``total_time`` keeps it, as everyone's clock does); in async only rank 0
+  is slower. Only the scoring itself is in the way: its dashboard post and TensorBoard scalar
+  are written off the training thread. -m local takes the scoring out of the training time.
+- the evaluator role (``--no-inline-eval``): ``DMLC_ROLE=evaluator`` scores the checkpoints
+  rank 0 writes every ``-e`` rounds in its own process, off every worker's critical path;
+  ``esync-cluster`` starts one and tells its workers ``--no-inline-eval``.
 """
 import json
 import math
@@ -22,7 +36,7 @@ from esync.common.errors import UsageError, guarded
 from esync.common.runlayout import EvaluationLog
 from esync.common.speeds import (OPERATOR_THREADS, communication_threads,
                                  cpu_seconds_under_cap, join_cpu_cap, leave_cpu_cap)
-from esync.worker.evaluator import accuracy
+from esync.worker.evaluator import accuracy, load_into
 from esync.worker.kvstore import Channel, KeyMap, KVChannel, control_length, leave_job_at_once
 from esync.common.files import atomic_write_text
 from esync.worker.measure import RoundLogWriter, RoundRecord
@@ -70,8 +84,8 @@ def resolve_context(args) -> mx.Context:
 class StopCriteria:
     """--max-seconds bounds the wall time; --max-train-seconds the training time.
 
-    The two differ only in standalone mode, where the test set is scored inside the loop
-    (in a cluster the evaluator scores checkpoints in its own process).
+    The two differ only in standalone mode, where the inline scoring of the test set is taken
+    out of the training time (in a cluster every worker's clock includes rank 0's scoring).
     """
 
     def __init__(self, args):
@@ -155,7 +169,6 @@ def _start_global_model(worker: Worker, algo, store: CheckpointStore | None, arg
         if found is None:
             raise CheckpointError(f"--resume: no checkpoint in {store.folder}")
         path, meta, arrays = found
-        from esync.worker.evaluator import load_into
         load_into(net, arrays)
         _restore_state(state, store.read_state(path), path)
         store.clear_done()
@@ -204,6 +217,8 @@ def train(args) -> int:
                     trainable=trainable, aux=aux, channel=channel, rank=rank,
                     num_workers=num_workers)
     device = _device_name(args, rank)
+    if rank == 0:
+        print(f"[rank 0 {device}] {accuracy_source(args)}", flush=True)
     writer = RoundLogWriter(runlayout.device_dir(folder, args.host_name, device), overwrite=args.overwrite,
                             resume=args.resume)
     store = CheckpointStore(runlayout.checkpoints_dir(folder)) if channel is not None else None
@@ -225,6 +240,21 @@ def train(args) -> int:
     loop = TrainingLoop(worker, algo, stream, writer, store, folder, device, args, shard=shard)
     loop.announce(spent)
     return loop.run(done_rounds, spent, samples)
+
+
+def accuracy_source(args) -> str:
+    """Where this run's test accuracy comes from: the first line rank 0 prints."""
+    every = args.eval_duration
+    if every == "auto":
+        when = "as often as keeps the scoring to about 10% of the wall time"
+    elif isinstance(every, int):
+        when = f"every {every} round(s)"
+    else:
+        when = f"every {every:g} s of training"
+    if args.inline_eval:
+        return f"test accuracy scored inline {when} (no evaluator)"
+    return (f"test accuracy scored by the evaluator role (DMLC_ROLE=evaluator) from rank 0's "
+            f"checkpoints, written {when} (--no-inline-eval)")
 
 
 def _forget_earlier_run(folder: Path) -> None:
@@ -266,9 +296,11 @@ class TrainingLoop:
         self.evaluations = EvaluationLog(runlayout.evaluations_file(folder))
         self.prefix = f"[rank {worker.rank} {device}]"
         self.standalone = worker.channel is None
-        if self.standalone:
+        self.scores_inline = args.inline_eval and worker.rank == 0
+        if self.scores_inline:
             self.test_set = data.load_fashion_mnist(self.args.data_dir, "test")
             self.scores = ScoreReport(self.args, prefix=self.prefix)
+            self.scoring_net = None        # a copy of the shared model, where it differs
         self.last_eval = None          # (training seconds when scored, seconds the scoring took)
         self.due = (0.0, 0)            # (training seconds, round) of the last round due, -e Ns
         self.scalars = (TrainingScalars(self.args.tensorboard)
@@ -345,7 +377,8 @@ class TrainingLoop:
             round_samples = self.algo.global_samples
             total_samples += record.num_samples if round_samples is None else round_samples
             acc = self._evaluate_inline(record, round_no, stop, elapsed)
-            clock0 += record.seconds("evaluation")   # standalone: scoring is not training time
+            if self.standalone:                       # scoring is not training time
+                clock0 += record.seconds("evaluation")
             self.clock0 = clock0
             elapsed = time.perf_counter() - clock0
             if acc is not None:
@@ -366,7 +399,7 @@ class TrainingLoop:
                 "cpu_time": round(cpu_clock(), 4),
                 "state_requests": self.algo.state_requests() - requests0,
                 "train_loss": round(loss, 5),
-                # total_time is the training time; wall_time adds inline scoring (standalone)
+                # total_time is the training time; wall_time adds inline scoring (-m local)
                 "wall_time": round(wall, 6), **self.algo.round_extras()}
             self.writes.submit(self.writer.write, record, elapsed, acc)
             self._announce_speed(slowdown)
@@ -408,7 +441,7 @@ class TrainingLoop:
     def _close_reports(self) -> None:
         if self.scalars is not None:
             self.scalars.close()
-        if self.standalone:
+        if self.scores_inline:
             self.scores.close()
 
     def _warn_if_diverged(self, loss: float, round_no: int) -> None:
@@ -517,19 +550,40 @@ class TrainingLoop:
         return elapsed - scored_at >= AUTO_EVAL_TRAIN_PER_EVAL * took
 
     def _evaluate_inline(self, record, round_no: int, stop: bool, elapsed: float):
-        """Standalone mode only: no evaluator process, so score the model here."""
-        if not self.standalone or not self._evaluation_due(round_no, stop, elapsed):
+        """Rank 0 scores the shared model on the test set when due (``--inline-eval``; the cost
+        is in the module docstring) and prints the original's line. The score goes into this
+        round's log and rank 0's stop vote; in -m local, which has no evaluator, also into
+        ``evaluations.jsonl``, the file an evaluator would write."""
+        if not self.scores_inline or not self._evaluation_due(round_no, stop, elapsed):
             return None
         images, labels = self.test_set
         with record.phase("evaluation"):
-            acc = accuracy(self.w.net, images, labels, self.w.ctx,
+            acc = accuracy(self._shared_net(), images, labels, self.w.ctx,
                            models.input_size(self.args.network))
-        self.evaluations.append({"round": round_no, "total_time": round(elapsed, 6),
-                                 "accuracy": round(acc, 5),
-                                 "samples": round_no * self.args.batch_size})
+        print(f"[Iteration {round_no}] Test Acc {acc:.3f}", flush=True)
+        if self.standalone:
+            self.evaluations.append({"round": round_no, "total_time": round(elapsed, 6),
+                                     "accuracy": round(acc, 5),
+                                     "samples": round_no * self.args.batch_size})
         self.evaluations.latest_accuracy = acc
-        self.scores.add(round_no, training_seconds=elapsed, accuracy=acc)
+        self.writes.submit(self.scores.add, round_no, training_seconds=elapsed, accuracy=acc)
         return acc
+
+    def _shared_net(self):
+        """The model every rank shares, as a checkpoint holds it: this worker's network, or
+        (where ESync's --overlap or --carry trains it beyond the shared model) a copy of it."""
+        if not self.algo.global_model():
+            return self.w.net
+        if self.scoring_net is None:
+            self.scoring_net = models.build(self.args.network, self.w.ctx, seed=self.args.seed)
+        load_into(self.scoring_net, self._shared_arrays())
+        return self.scoring_net
+
+    def _shared_arrays(self) -> dict:
+        """``{parameter name: NDArray}`` of the shared model (``Algorithm.global_model``)."""
+        shared = self.algo.global_model()
+        return {name: shared.get(id(p), p.data())
+                for name, p in models.named_parameters(self.w.net).items()}
 
     def _checkpoint_due(self, round_no: int, elapsed: float) -> bool:
         """-e N: every N rounds; -e Ns (a float): the first round ending N seconds of training
@@ -548,9 +602,7 @@ class TrainingLoop:
         if self.store is None or self.w.rank != 0:
             return
         if self._checkpoint_due(round_no, elapsed) or stop:
-            shared = self.algo.global_model()
-            arrays = {name: (shared[id(p)] if id(p) in shared else p.data()).asnumpy()
-                      for name, p in models.named_parameters(self.w.net).items()}
+            arrays = {name: array.asnumpy() for name, array in self._shared_arrays().items()}
             self.writes.submit(self.store.save, round_no, arrays, {
                 "network": self.args.network, "mode": self.args.mode,
                 "total_time": round(elapsed, 6), "samples": samples,
