@@ -202,17 +202,19 @@ def test_drawer_draws_the_accuracy_figure(four_steps):
 
 # esync-cluster: its evaluator scores, its workers do not -------------------------------------
 
-def test_esync_cluster_tells_its_workers_no_inline_eval():
-    from esync.launch.flags import build_parser, worker_argv
+def _cluster_worker_argv(tmp_path, data_dir, *flags) -> list[str]:
+    from esync.launch.flags import build_parser, parse, worker_argv
     parser = build_parser()
-    assert "--no-inline-eval" in worker_argv(parser, parser.parse_args([]))
+    return worker_argv(parser, parse(parser, ["-ld", tmp_path, "-dd", data_dir, *flags]))
 
 
-def test_esync_cluster_with_inline_eval_asked_for_passes_it_on():
-    from esync.launch.flags import build_parser, worker_argv
-    parser = build_parser()
-    assert "--inline-eval" in worker_argv(parser, parser.parse_args(["--inline-eval",
-                                                                     "--no-evaluator"]))
+def test_esync_cluster_tells_its_workers_no_inline_eval(tmp_path, fashion_data_dir):
+    assert "--no-inline-eval" in _cluster_worker_argv(tmp_path, fashion_data_dir)
+
+
+def test_esync_cluster_with_inline_eval_asked_for_passes_it_on(tmp_path, fashion_data_dir):
+    argv = _cluster_worker_argv(tmp_path, fashion_data_dir, "--inline-eval", "--no-evaluator")
+    assert "--inline-eval" in argv and "--no-inline-eval" not in argv
 
 
 def test_no_inline_eval_in_local_mode_is_refused(main_py):

@@ -73,8 +73,9 @@ def _iid_esync(s: Situation, v) -> bool:
 
 PRESETS: tuple[Preset, ...] = (
     Preset("cluster", lambda s, v: s.tool == "esync-cluster",
-           dict(cpu=1, mode="esync", eval_duration=10, max_round_seconds=5.0),
-           "every esync-cluster run: checkpoints every 10 rounds, stretched rounds up to 5 s",
+           dict(cpu=1, mode="esync", eval_duration=10, max_round_seconds=5.0, inline_eval=False),
+           "every esync-cluster run: checkpoints every 10 rounds (its evaluator scores them, "
+           "the workers do not), stretched rounds up to 5 s",
            f"{EVIDENCE}#every-cluster"),
     Preset("demo", lambda s, v: s.demo,
            dict(network="lenet", learning_rate=CLUSTER_LR, max_seconds=90.0),
