@@ -112,6 +112,7 @@ class FourSteps:
     logs: Path
     mode_dir: Path
     drawer: subprocess.CompletedProcess
+    data_dir: Path
 
     def rank_0_output(self) -> str:
         return next(out for out in map(self.roles.output, ("worker-a", "worker-b"))
@@ -121,9 +122,9 @@ class FourSteps:
         return device_logs(self.mode_dir)
 
 
-@pytest.fixture(scope="module")
-def four_steps(tmp_path_factory):
-    root = tmp_path_factory.mktemp("original-steps")
+def _run_four_steps(root: Path, *extra_flags) -> FourSteps:
+    """The original's four steps, then summary.py and drawer.py; ``extra_flags`` go to both
+    workers. The caller kills every process started (``roles.kill_all``)."""
     data_dir, logs = write_fashion_dir(root / "data"), root / "logs"
     roles = ByHand(root)
     state_port, ps_port = free_port(), free_port()
@@ -142,15 +143,51 @@ def four_steps(tmp_path_factory):
         # Step 4: the workers, both on this machine's CPU (device folders cpu0 and cpu1)
         train = ["main.py", "-m", "esync", "-c", 1, "-n", "lenet", "-ll", 0.001, "-b", 64,
                  "-dcasgd", 0, "-s", 0, "-ip", "127.0.0.1", "-port", state_port,
-                 "-ld", logs, "-dd", data_dir, "--max-rounds", ROUNDS]
+                 "-ld", logs, "-dd", data_dir, "--max-rounds", ROUNDS, *extra_flags]
         for name in ("worker-a", "worker-b"):
             roles.start(name, train, env=dict(dmlc, DMLC_ROLE="worker"))
         roles.wait(["worker-a", "worker-b"], TRAINING_S)
         _run(["analysis/summary.py", "-b", logs, "-n", "lenet", "-m", "esync"])
         drawer = _run(["analysis/drawer.py", "-b", logs, "-n", "lenet"])
-        yield FourSteps(roles, logs, logs / "lenet" / "esync", drawer)
-    finally:
+        return FourSteps(roles, logs, logs / "lenet" / "esync", drawer, data_dir)
+    except BaseException:
         roles.kill_all()
+        raise
+
+
+@pytest.fixture(scope="module")
+def four_steps(tmp_path_factory):
+    steps = _run_four_steps(tmp_path_factory.mktemp("original-steps"))
+    yield steps
+    steps.roles.kill_all()
+
+
+@pytest.fixture(scope="module")
+def overlapped_steps(tmp_path_factory):
+    """The same with ESync's --overlap: rank 0 trains beyond the shared model, so it must
+    score a copy of the shared model (the one its checkpoints hold), not its own weights."""
+    steps = _run_four_steps(tmp_path_factory.mktemp("original-steps-overlap"), "--overlap")
+    yield steps
+    steps.roles.kill_all()
+
+
+def _checkpoint_scores(steps: FourSteps) -> list[tuple[int, float]]:
+    """(round, test accuracy) of every checkpoint rank 0 wrote, scored as the evaluator does."""
+    import mxnet as mx
+    from esync.common import runlayout
+    from esync.worker import data, models
+    from esync.worker.checkpoint import CheckpointStore
+    from esync.worker.evaluator import accuracy, load_into
+    images, labels = data.load_fashion_mnist(steps.data_dir, "test")
+    net = models.build("lenet", mx.cpu(), seed=0)
+    store = CheckpointStore(runlayout.checkpoints_dir(steps.mode_dir))
+    scores = []
+    for path in store.list():
+        meta, arrays = store.load(path, network="lenet")
+        load_into(net, arrays)
+        scores.append((meta["round"], accuracy(net, images, labels, mx.cpu(),
+                                               models.input_size("lenet"))))
+    return scores
 
 
 def _rank_0_logs(steps: FourSteps) -> list[dict]:
@@ -198,6 +235,16 @@ def test_summary_holds_rank_0s_accuracies(four_steps):
 def test_drawer_draws_the_accuracy_figure(four_steps):
     figure = four_steps.logs / "lenet" / "figures" / "lenet-accuracy-iid.png"
     assert figure.stat().st_size > 0, four_steps.drawer.stderr
+
+
+def test_rank_0_scores_the_model_its_checkpoint_of_the_round_holds(four_steps):
+    logged = [(log["num_iters"], log["accuracy"]) for log in _rank_0_logs(four_steps)]
+    assert logged == _checkpoint_scores(four_steps)
+
+
+def test_under_overlap_rank_0_scores_the_shared_model_not_its_own(overlapped_steps):
+    logged = [(log["num_iters"], log["accuracy"]) for log in _rank_0_logs(overlapped_steps)]
+    assert logged == _checkpoint_scores(overlapped_steps)
 
 
 # esync-cluster: its evaluator scores, its workers do not -------------------------------------
