@@ -108,11 +108,7 @@ class Launchers:
                     proc.wait()
             for stream in (proc.stdout, proc.stderr):
                 stream.close()
-        for pid in processes_of(self.folder):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_processes_of(self.folder)
 
 
 def _process_logs(log_dir):
@@ -168,6 +164,16 @@ def processes_of(folder):
         if pattern.search(text) and "zombie" not in state:
             pids.append(int(entry.name))
     return pids
+
+
+def kill_processes_of(folder):
+    """SIGKILL every live process ``processes_of(folder)`` finds (what a test's processes forked
+    included)."""
+    for pid in processes_of(folder):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def wait_for_rounds(launcher, mode_dir, rounds, timeout=180):

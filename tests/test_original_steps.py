@@ -25,7 +25,7 @@ import pytest
 import requests
 
 from esync.common.procs import free_port, kill_group, python_env
-from support import REPO, device_logs, processes_of, run_cluster, write_fashion_dir
+from support import REPO, device_logs, kill_processes_of, run_cluster, write_fashion_dir
 
 ROUNDS = 3
 TOKEN = "original-steps-token"
@@ -78,11 +78,7 @@ class ByHand:
         for proc in self.started.values():
             kill_group(proc, signal.SIGKILL)
             proc.wait()
-        for pid in processes_of(self.folder):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_processes_of(self.folder)
 
 
 def _wait_for_state_server(roles: ByHand, port: int) -> None:
