@@ -13,6 +13,8 @@ Test accuracy comes from one of two places, which rank 0's first line names:
   a cluster rank 0's ``total_time`` keeps it, as everyone's clock does); in async only rank 0
   is slower. Only the scoring itself is in the way: its dashboard post and TensorBoard scalar
   are written off the training thread. -m local takes the scoring out of the training time.
+  Only rank 0 knows the score (no ``evaluations.jsonl`` in a cluster, as the original): sync
+  and ESync vote the ``--target-accuracy`` stop together, but in async only rank 0 stops on it.
 - the evaluator role (``--no-inline-eval``): ``DMLC_ROLE=evaluator`` scores the checkpoints
   rank 0 writes every ``-e`` rounds in its own process, off every worker's critical path;
   ``esync-cluster`` starts one and tells its workers ``--no-inline-eval``.
