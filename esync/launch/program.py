@@ -3,7 +3,7 @@ import signal
 import sys
 
 from esync.common.errors import UsageError
-from esync.launch.launches import make_launch
+from esync.launch.remote import make_launch
 from esync.launch.namespaces import NetnsError
 from esync.launch.flags import build_parser, parse
 from esync.launch.supervisor import Options, RoundProgress, Supervisor

@@ -26,6 +26,7 @@ to the volume.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -33,10 +34,13 @@ import subprocess
 import time
 from pathlib import Path
 
+from esync.common import runlayout
 from esync.common.errors import UsageError
 from esync.launch.backends.base import Backend, Handle
-from esync.launch.roles import Host, Hosts, RoleSpec
+from esync.launch.launches import Launch, planned_devices
+from esync.launch.roles import REPO, ClusterConfig, Host, Hosts, RoleSpec, plan_roles
 from esync.launch.runner import device_kind, spec_to_json
+from esync.launch.supervisor import Options
 
 KUBERNETES_VERSION = "1.30.0"      # the API version the manifests are written and validated for
 APP_DIR, DATA_DIR, LOG_DIR, PLAN_DIR = "/app", "/data", "/logs", "/etc/esync"
@@ -66,6 +70,33 @@ def check_name(name: str) -> str:
         raise UsageError(f"--k8s-name {name!r}: use lower-case letters, digits and '-', starting "
                          "with a letter (at most 42 characters)")
     return name
+
+
+# The flags ----------------------------------------------------------------------------------
+
+PLACED_BY = None              # --workers and --devices place the workers
+
+
+def add_arguments(parser) -> set[str]:
+    """The Kubernetes backend's flags; returns their dests (launcher-only)."""
+    k = parser.add_argument_group("kubernetes backend")
+    k.add_argument("--emit", metavar="DIR", help="write the manifests and Dockerfile here")
+    k.add_argument("--apply", action="store_true",
+                   help="also kubectl apply them and watch the job (needs a cluster)")
+    k.add_argument("--image", default="esync:latest", help="the image every pod runs")
+    k.add_argument("--k8s-name", default="esync", help="name of the job's objects")
+    k.add_argument("--namespace", help="namespace of the objects; default: kubectl's current one")
+    k.add_argument("--volume-size", default="10Gi", help="size of the shared log volume")
+    k.add_argument("--storage-class", help="storage class of the log volume (ReadWriteMany)")
+    return {"emit", "apply", "image", "k8s_name", "namespace", "volume_size", "storage_class"}
+
+
+def placed_devices(args) -> None:
+    """Checks --emit and --k8s-name; the workers are placed by --workers and --devices."""
+    if not args.emit:
+        raise UsageError("--backend kubernetes needs --emit DIR (where the manifests go)")
+    check_name(args.k8s_name)
+    return None
 
 
 def placement(name: str, devices: list[str]) -> Hosts:
@@ -345,3 +376,62 @@ class KubernetesBackend(Backend):
             kubectl("delete", "-f", str(self.folder), "--wait=false", "--ignore-not-found",
                     timeout=120)
             self.applied = False
+
+
+# The launch ----------------------------------------------------------------------------------
+
+class KubernetesLaunch(Launch):
+    """Writes the manifests; with ``--apply`` runs them, else ``emit_only`` is True."""
+
+    def __init__(self, args, parser):
+        devices = planned_devices(args)
+        # What the pods see: the image's paths and the volume, not this machine's (a copy:
+        # the launcher's own flags stay as given).
+        pods = argparse.Namespace(**{**vars(args), "log_dir": LOG_DIR,
+                                     "data_dir": DATA_DIR})
+        if getattr(pods, "tensorboard", None):
+            pods.tensorboard = str(runlayout.mode_dir(pods))     # on the volume, by the logs
+        super().__init__(pods, parser, hosts=placement(args.k8s_name, devices),
+                         devices=devices)
+        self.manifests = Manifests(
+            args.k8s_name, plan_roles(self.config, self.hosts), image=args.image,
+            token=self.token, threads=args.threads, volume_size=args.volume_size,
+            storage_class=args.storage_class, namespace=args.namespace)
+        self.emit_only = not args.apply
+
+    def configure(self, *, resume: bool, overwrite: bool) -> ClusterConfig:
+        return self.config_with(SCHEDULER_PORT, STATE_PORT, resume=resume,
+                                overwrite=overwrite, python="python",
+                                main_py=f"{APP_DIR}/main.py")
+
+    def restart_plan(self, attempt: int):
+        raise RuntimeError("a Kubernetes job is restarted by Kubernetes, not by esync-cluster")
+
+    def prepare(self) -> bool:
+        """Write the manifests (and with --apply check that a cluster answers)."""
+        written = self.emit()
+        print(f"esync-cluster: wrote {len(written)} manifests and a Dockerfile to "
+              f"{self.args.emit} (Kubernetes {KUBERNETES_VERSION})")
+        return not self.emit_only
+
+    def supervision(self, options: Options) -> Options:
+        # The logs are on the cluster's volume: rounds cannot be watched from here.
+        options.stall_timeout = options.startup_timeout = float("inf")
+        return options
+
+    def finish(self, code: int) -> None:
+        if code == 0:
+            print(f"esync-cluster: done; the logs are on the volume {self.args.k8s_name}-logs")
+
+    def emit(self) -> list[Path]:
+        """Write the manifests; with --apply, then make sure a cluster answers."""
+        written = self.manifests.write(Path(self.args.emit), REPO)
+        if self.args.apply:
+            check_cluster(Path(self.args.emit))
+        return written
+
+    def backend(self):
+        return KubernetesBackend(self.manifests, Path(self.args.emit), REPO)
+
+    def state_view(self) -> str:
+        return f"  (see kubectl logs {self.args.k8s_name}-ps -c state-server)"

@@ -34,8 +34,10 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from esync.common.argtypes import non_negative_int, positive_int
 from esync.common.errors import UsageError
 from esync.launch.backends.base import Backend, Handle
+from esync.launch.launches import Launch
 from esync.launch.roles import REPO, ClusterConfig, Host, Hosts, RoleSpec, plan_roles
 from esync.launch.runner import read_exit, run
 
@@ -146,6 +148,42 @@ def placement(nodes: int, node_devices: list[str]) -> tuple[Hosts, list[str]]:
     hosts = [Host(f"node{i}", f"node{i}") for i in range(nodes)]
     workers = tuple(hosts[i] for i in range(nodes) for _ in node_devices)
     return Hosts(ps=hosts[0], workers=workers), list(node_devices) * nodes
+
+
+# The flags ----------------------------------------------------------------------------------
+
+PLACED_BY = "--nodes and --node-devices"     # what places the workers
+
+
+def add_arguments(parser) -> set[str]:
+    """The Slurm backend's flags; returns their dests (launcher-only: never passed to main.py)."""
+    m = parser.add_argument_group("slurm backend")
+    m.add_argument("--partition", help="Slurm partition; default: the cluster's default one")
+    m.add_argument("--nodes", type=positive_int, default=1, help="nodes of the job")
+    m.add_argument("--node-devices", default="cpu",
+                   help="the devices of each node that get a worker, e.g. gpu0,gpu1,cpu")
+    m.add_argument("--gpus-per-node", type=non_negative_int, default=None,
+                   help="GPUs to allocate per node; default: the GPUs --node-devices names")
+    m.add_argument("--time", dest="slurm_minutes", type=positive_int, default=60,
+                   help="the job's time limit in minutes")
+    m.add_argument("--slurm-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="any other sbatch option, e.g. account=lab (repeatable)")
+    return {"partition", "nodes", "node_devices", "gpus_per_node", "slurm_minutes",
+            "slurm_option"}
+
+
+def node_devices(text: str, flag: str = "--node-devices") -> list[str]:
+    """The devices of one node (``--node-devices``): cpu or gpuN, comma-separated."""
+    items = [t.strip() for t in text.split(",")]
+    for item in items:
+        if item != "cpu" and not (item.startswith("gpu") and item[3:].isdigit()):
+            raise UsageError(f"argument {flag}: {item!r} is not 'cpu' or 'gpuN'")
+    return items
+
+
+def placed_devices(args) -> list[str]:
+    """Every node's devices, node after node."""
+    return node_devices(args.node_devices) * args.nodes
 
 
 def task_layout(specs: list[RoleSpec], nodes: int) -> list[list[str | None]]:
@@ -396,6 +434,41 @@ def _first_line(exc: Exception) -> str:
         if "error" in line.lower():
             return line.strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+# The launch ----------------------------------------------------------------------------------
+
+class SlurmLaunch(Launch):
+    """One Slurm job (submitit) of ``--nodes`` nodes; its roles start inside the job."""
+
+    def __init__(self, args, parser):
+        per_node = node_devices(args.node_devices)
+        hosts, devices = placement(args.nodes, per_node)
+        gpus = args.gpus_per_node
+        if gpus is None:
+            gpus = len({d for d in per_node if d.startswith("gpu")})
+        extra = {}
+        for option in args.slurm_option:
+            key, sep, value = option.partition("=")
+            if not sep or not key:
+                raise UsageError(f"--slurm-option {option!r}: use KEY=VALUE (an sbatch option "
+                                 "without its dashes, e.g. account=lab)")
+            extra[key] = value
+        self.options = dict(partition=args.partition, gpus_per_node=gpus,
+                            minutes=args.slurm_minutes, extra=extra)
+        super().__init__(args, parser, hosts=hosts, devices=devices)
+
+    def configure(self, *, resume: bool, overwrite: bool) -> ClusterConfig:
+        # 0: derived from the job id inside the job (the nodes are not known before).
+        return self.config_with(self.args.port or 0, self.args.state_port or 0,
+                                resume=resume, overwrite=overwrite)
+
+    def backend(self):
+        return SlurmBackend(lambda: self.config, self.args.nodes, **self.options)
+
+    def state_view(self) -> str:
+        return (f"  (the state server runs inside the Slurm job; see "
+                f"{self.proc_dir}/state-server.log)")
 
 
 if __name__ == "__main__":      # pragma: no cover - not a command

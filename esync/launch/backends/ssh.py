@@ -23,13 +23,15 @@ import secrets
 import shlex
 import signal
 import subprocess
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 from esync.common.errors import UsageError
 from esync.launch.backends.base import Backend, Handle
-from esync.launch.roles import REPO, Host, Hosts, RoleSpec
+from esync.launch.launches import Launch
+from esync.launch.roles import REPO, ClusterConfig, Host, Hosts, RoleSpec
 from esync.launch.runner import PID_LINE, parse_exit_line
 from esync.common.procs import die_with_parent, kill_group
 
@@ -90,6 +92,33 @@ def placement(lines: list[HostLine]) -> tuple[Hosts, list[str]]:
             workers.append(hosts[line.address])
             devices.append(device)
     return Hosts(ps=hosts[lines[0].address], workers=tuple(workers)), devices
+
+
+# The flags ----------------------------------------------------------------------------------
+
+PLACED_BY = "--hostfile"          # what places the workers (instead of --workers/--devices)
+
+
+def add_arguments(parser) -> set[str]:
+    """The ssh backend's flags; returns their dests (launcher-only: never passed to main.py)."""
+    s = parser.add_argument_group("ssh backend")
+    s.add_argument("--hostfile", help="one host per line: ADDRESS DEVICE,DEVICE,... (e.g. "
+                                      "'10.1.1.29 gpu0,gpu1,cpu'); the first also runs the "
+                                      "scheduler, server(s), state server and evaluator")
+    s.add_argument("--ssh-config", help="ssh configuration file (ssh -F) for every connection")
+    s.add_argument("--ssh-option", action="append", default=[], metavar="OPTION",
+                   help="an ssh -o option for every connection (repeatable)")
+    s.add_argument("--remote-python", help="Python on the hosts; default: this machine's")
+    s.add_argument("--remote-repo", help="the repository on the hosts; default: this machine's")
+    return {"hostfile", "ssh_config", "ssh_option", "remote_python", "remote_repo"}
+
+
+def placed_devices(args) -> list[str]:
+    """The devices of the host file, in worker order."""
+    if not args.hostfile:
+        raise UsageError("--backend ssh needs --hostfile FILE (one 'ADDRESS DEVICES' line "
+                         "per host)")
+    return placement(read_hostfile(args.hostfile))[1]
 
 
 class Ssh:
@@ -276,3 +305,32 @@ class SshBackend(Backend):
                 handle.proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 handle.terminate(hard=True)
+
+
+# The launch ----------------------------------------------------------------------------------
+
+class SshLaunch(Launch):
+    """The hosts of ``--hostfile``, reached over ssh; the first runs the ps-side roles."""
+
+    def __init__(self, args, parser):
+        self.lines = read_hostfile(args.hostfile)
+        hosts, devices = placement(self.lines)
+        self.ssh = Ssh(args.ssh_config, tuple(args.ssh_option))
+        self.python = args.remote_python or sys.executable
+        self.repo = args.remote_repo or str(REPO)
+        self.targets = {line.address: line.target for line in self.lines}
+        check_hosts(self.ssh, self.lines, Path(args.log_dir), Path(args.data_dir),
+                    self.python, self.repo)
+        super().__init__(args, parser, hosts=hosts, devices=devices)
+
+    def configure(self, *, resume: bool, overwrite: bool) -> ClusterConfig:
+        port, state = self.args.port, self.args.state_port
+        if not (port and state):
+            free = free_ports(self.ssh, self.lines[0].target, self.python)
+            port, state = port or free[0], state or free[1]
+        main_py = str(Path(self.repo) / "main.py")
+        return self.config_with(port, state, resume=resume, overwrite=overwrite,
+                                python=self.python, main_py=main_py)
+
+    def backend(self):
+        return SshBackend(self.targets, self.ssh, python=self.python, repo=self.repo)
