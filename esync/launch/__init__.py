@@ -27,6 +27,8 @@ The parts (the cluster's world: nothing here imports MXNet):
 - ``launches.py``: the interface of a job and the restarts; ``remote.py``: ``--backend`` and the
   table of backends;
 - ``roles.py``: which processes, with which command and environment, on which host (pure);
+- ``resources.py``: what each process gets: emulated or real devices, threads, its GPU (pure);
+  ``gpus.py``: MXNet's wheels and the GPUs each runs on;
 - ``backends/``: one module per backend (its flags, its launch, its runner);
 - ``supervisor.py``: progress, failures, stalls, restarts (it sees only backend handles);
 - ``namespaces.py``: emulated hosts (``--net netns``).

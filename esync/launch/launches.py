@@ -20,7 +20,9 @@ from pathlib import Path
 from esync.common import runlayout
 from esync.common.errors import UsageError
 from esync.common.files import atomic_write_text
+from esync.common.speeds import parse_speed_schedule
 from esync.launch.backends.base import Backend
+from esync.launch.resources import emulates_devices, visible_devices, worker_threads
 from esync.launch.roles import HOROVOD_CYCLE_MS, ClusterConfig, Hosts, device_names, plan_roles
 from esync.launch.supervisor import Options
 
@@ -31,6 +33,14 @@ def planned_devices(args) -> list[str]:
     # backends' flag groups, and every backend's launch builds on this module.
     from esync.launch.flags import device_list
     return device_list(args.devices, args.workers)
+
+
+def emulates(args) -> bool:
+    """Whether this run emulates slow devices (``esync.launch.resources.emulates_devices``):
+    only then do CPU caps, pinning and one compute thread per worker apply."""
+    schedule = parse_speed_schedule(args.speed_schedule) if args.speed_schedule else {}
+    return emulates_devices(args.slowdowns, emulation=args.emulation,
+                            schedule_factors=[f for steps in schedule.values() for _, f in steps])
 
 
 class Launch:
@@ -45,6 +55,7 @@ class Launch:
         self.mode_dir = runlayout.mode_dir(args)
         self.proc_dir = runlayout.processes_dir(self.mode_dir)
         self.devices, self.hosts = list(devices), hosts
+        self.emulated = emulates(args)
         self.uses_state_server = args.mode == "esync" and not args.local_iters
         self.token = args.state_token or secrets.token_urlsafe(24)
         self.config = self.configure(resume=args.resume, overwrite=args.overwrite)
@@ -57,7 +68,25 @@ class Launch:
     def backend(self) -> Backend:
         raise NotImplementedError
 
+    def machines(self) -> tuple[list[str], dict[str, int], str]:
+        """For ``worker_threads``: the machine each worker runs on, the cores of each machine
+        known here, and the machine of the coordination roles. Here each host is a machine of
+        unknown size (nothing is divided)."""
+        return [host.name for host in self.hosts.workers], {}, self.hosts.ps.name
+
+    def evaluator_gpu(self) -> int | None:
+        """The GPU the evaluator scores on (None: the CPU); a backend that knows of a GPU
+        no worker uses on the coordination roles' machine gives it."""
+        return None
+
     # -- shared
+    def worker_threads(self) -> list[int]:
+        """Each worker's OMP_NUM_THREADS: ``--threads``, else the rule of
+        ``esync.launch.resources.worker_threads`` (one each when devices are emulated)."""
+        machines, cores, ps_machine = self.machines()
+        return worker_threads(self.devices, machines, cores, given=self.args.threads,
+                              emulated=self.emulated, coordination_machine=ps_machine)
+
     def config_with(self, port: int, state_port: int | None, *, resume: bool, overwrite: bool,
                     **paths) -> ClusterConfig:
         from esync.launch.flags import worker_argv      # at call time: see planned_devices
@@ -65,7 +94,9 @@ class Launch:
         return ClusterConfig(
             mode=a.mode, devices=tuple(self.devices), slowdowns=tuple(a.slowdowns), port=port,
             train_argv=tuple(worker_argv(self.parser, a, resume=resume, overwrite=overwrite)),
-            servers=a.servers, threads=a.threads, evaluator=not a.no_evaluator,
+            servers=a.servers, threads=a.threads or 1,
+            worker_threads=tuple(self.worker_threads()), evaluator=not a.no_evaluator,
+            evaluator_gpu=None if a.no_evaluator else self.evaluator_gpu(),
             state_port=state_port if self.uses_state_server else None,
             state_token=self.token, emulation=self.emulation,
             cpu_cores=tuple(self.cpu_cores()), cpu_pins=tuple(self.cpu_pins()),
@@ -98,10 +129,19 @@ class Launch:
         shard i in every run, whatever rank ps-lite gives it."""
         classes = shard_classes(self.args, len(self.devices))
         return [{"device": name, "host": host.name, "shard": i, "classes": classes[i],
-                 "slowdown": factor, "cpu_cores": cores, "cpu": cpu}
-                for i, (name, host, factor, cores, cpu) in enumerate(zip(
-                    device_names(self.devices), self.hosts.workers, self.args.slowdowns,
-                    self.cpu_cores(), self.cpu_pins()))]
+                 "slowdown": factor, "cpu_cores": cores, "cpu": cpu, "threads": threads,
+                 "cuda_visible_devices": visible_devices(device)}
+                for i, (device, name, host, factor, cores, cpu, threads) in enumerate(zip(
+                    self.devices, device_names(self.devices), self.hosts.workers,
+                    self.args.slowdowns, self.cpu_cores(), self.cpu_pins(),
+                    self.config.worker_threads))]
+
+    def resources(self) -> dict:
+        """What the run gives its processes, as data (for ``--explain`` and cluster.json):
+        whether devices are emulated, and each worker's threads, CPU cap, pinned CPU and
+        visible GPU (``placement``), and the evaluator's GPU."""
+        return {"emulated_devices": self.emulated, "emulation": self.emulation,
+                "evaluator_gpu": self.config.evaluator_gpu, "workers": self.placement()}
 
     def on_ps_host(self, fn, *args):
         """``fn(*args)`` from where the launcher reaches the ps host (here, for remote hosts)."""
@@ -113,7 +153,8 @@ class Launch:
         spec = {k: v for k, v in vars(self.args).items()
                 if isinstance(v, (str, int, float, bool, list, type(None))) and k != "state_token"}
         spec.update(emulation=self.emulation, cpu_share=self.cpu_share,
-                    cfs_slice_us=self.cfs_slice_us, placement=self.placement())
+                    cfs_slice_us=self.cfs_slice_us, placement=self.placement(),
+                    emulated_devices=self.emulated, evaluator_gpu=self.config.evaluator_gpu)
         atomic_write_text(runlayout.cluster_file(self.mode_dir), json.dumps(spec, indent=1))
         return True
 

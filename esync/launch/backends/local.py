@@ -19,10 +19,13 @@ from esync.common.procs import die_with_parent, free_port, kill_group, port_is_f
 from esync.common.speeds import CPU_CGROUP_ENV
 from esync.launch.backends.base import Backend, Handle
 from esync.launch.cgroups import CpuCaps, SpeedShifter
-from esync.launch.launches import Launch, planned_devices
+from esync.launch import gpus
+from esync.launch.launches import Launch, emulates, planned_devices
+from esync.launch.resources import CUDA_VISIBLE_DEVICES, gpu_index, within
 from esync.launch.roles import REPO, ClusterConfig, Hosts, RoleSpec, device_names
 
 LOCAL_ADDRESS = "127.0.0.1"       # the local backend's one host
+THIS_MACHINE = "this machine"     # what every local worker shares (resources.worker_threads)
 
 PROCESS_STATES = {"R": "running", "S": "sleeping", "D": "in uninterruptible I/O",
                   "T": "stopped", "t": "stopped by a debugger", "Z": "exited (zombie)"}
@@ -109,9 +112,7 @@ class LocalBackend(Backend):
                     out.write(f"--- esync-cluster started {spec.name} at "
                               f"{time.strftime('%Y-%m-%d %H:%M:%S')} ---\n".encode())
                     out.flush()
-                    proc = subprocess.Popen(self.command(spec),
-                                            env={**self.base_env, **spec.env,
-                                                 **self.cap_environment(spec)},
+                    proc = subprocess.Popen(self.command(spec), env=self.environment(spec),
                                             stdout=out, stderr=subprocess.STDOUT,
                                             stdin=subprocess.DEVNULL, cwd=str(self.cwd),
                                             start_new_session=True, preexec_fn=die_with_parent)
@@ -125,6 +126,15 @@ class LocalBackend(Backend):
         if self.shifter is not None:
             self.shifter.start(proc_dir.parent)
         return started
+
+    def environment(self, spec: RoleSpec) -> dict[str, str]:
+        """The launcher's environment, the spec's, its CPU cap's; a GPU index of the plan is
+        one of the GPUs the launcher itself may use (its own CUDA_VISIBLE_DEVICES, if set)."""
+        env = {**self.base_env, **spec.env, **self.cap_environment(spec)}
+        if CUDA_VISIBLE_DEVICES in spec.env:
+            env[CUDA_VISIBLE_DEVICES] = within(spec.env[CUDA_VISIBLE_DEVICES],
+                                               self.base_env.get(CUDA_VISIBLE_DEVICES))
+        return env
 
     def cap_environment(self, spec: RoleSpec) -> dict[str, str]:
         """A capped worker's group, made and capped now; the worker joins it when its training
@@ -162,6 +172,19 @@ class LocalLaunch(Launch):
         self.emulation = "sleep" if cpu_share is None else "cpu-cap"
         hosts = hosts or Hosts.single(args.host_name, LOCAL_ADDRESS, args.workers)
         super().__init__(args, parser, hosts=hosts, devices=planned_devices(args))
+
+    def machines(self) -> tuple[list[str], dict[str, int], str]:
+        """One machine, this one (emulated hosts share its cores), of the cores it lets us use."""
+        return [THIS_MACHINE] * len(self.devices), \
+            {THIS_MACHINE: len(os.sched_getaffinity(0))}, THIS_MACHINE
+
+    def evaluator_gpu(self) -> int | None:
+        """A GPU of this machine that no worker trains on, when MXNet here is a CUDA build."""
+        flavour = gpus.installed_flavour()
+        if flavour is None or not gpus.wheel(flavour).cuda:
+            return None
+        used = [gpu_index(d) for d in self.devices if gpu_index(d) is not None]
+        return gpus.free_gpu(used, len(gpus.gpu_capabilities()))
 
     @classmethod
     def create(cls, args, parser) -> "LocalLaunch":
@@ -228,7 +251,8 @@ class LocalLaunch(Launch):
 
 
 def cpu_caps(args):
-    """(CpuCaps, share) when CPU workers are emulated by caps, else (None, None).
+    """(CpuCaps, share) when CPU workers are emulated by caps, else (None, None): a run of
+    real devices (no factor above 1, no speed schedule, no ``--emulation cpu-cap``) caps nothing.
 
     ``--emulation auto`` falls back to sleeping, with one warning, where cgroups are out of
     reach (not root, no cpu controller); ``cpu-cap`` then is an error. The default share is the
@@ -238,7 +262,7 @@ def cpu_caps(args):
     from esync.common.speeds import parse_speed_schedule
     from esync.launch.cgroups import CgroupError, CgroupsUnavailable, CpuCaps, default_share
     devices = planned_devices(args)
-    if args.emulation == "sleep" or "cpu" not in devices:
+    if args.emulation == "sleep" or "cpu" not in devices or not emulates(args):
         return None, None
     try:
         caps = CpuCaps()

@@ -143,19 +143,21 @@ class Ssh:
 
 
 def check_hosts(ssh: Ssh, lines: list[HostLine], log_dir: Path, data_dir: Path,
-                python: str, repo: str) -> None:
+                python: str, repo: str) -> dict[str, int]:
     """Every host logs in, sees this machine's log folder (a probe file written here), the data,
-    the repository and the Python; else one line naming the host and what it lacks."""
+    the repository and the Python; else one line naming the host and what it lacks. Returns
+    each host's cores (``nproc``; by address) for the workers' threads."""
+    cores = {}
     log_dir.mkdir(parents=True, exist_ok=True)
     probe = log_dir / f".esync-shared-{secrets.token_hex(8)}"
     token = secrets.token_hex(16)
     probe.write_text(token)
     try:
         for line in lines:
-            checks = (f"cat {shlex.quote(str(probe))} || exit 11; "
+            checks = (f"cat {shlex.quote(str(probe))} || exit 11; echo; "
                       f"test -d {shlex.quote(str(data_dir / 'fashion-mnist'))} || exit 12; "
                       f"test -f {shlex.quote(str(Path(repo) / 'main.py'))} || exit 13; "
-                      f"test -x {shlex.quote(python)} || exit 14")
+                      f"test -x {shlex.quote(python)} || exit 14; nproc")
             done = ssh.run(line.target, checks)
             if done.returncode == SSH_FAILED:
                 raise UsageError(f"--hostfile: cannot ssh to {line.target}: "
@@ -169,11 +171,15 @@ def check_hosts(ssh: Ssh, lines: list[HostLine], log_dir: Path, data_dir: Path,
                      14: f"has no Python at {python}: give --remote-python"}
             if done.returncode in lacks:
                 raise UsageError(f"host {line.target} {lacks[done.returncode]}")
-            if done.returncode != 0 or done.stdout.strip() != token:
+            seen = done.stdout.split()
+            if done.returncode != 0 or not seen or seen[0] != token:
                 raise UsageError(f"host {line.target} does not see the log folder {log_dir} as "
                                  "this machine does: -ld must be a folder every host shares")
+            if len(seen) > 1 and seen[1].isdigit():
+                cores[line.address] = int(seen[1])
     finally:
         probe.unlink(missing_ok=True)
+    return cores
 
 
 def free_ports(ssh: Ssh, target: str, python: str, count: int = 2) -> list[int]:
@@ -319,9 +325,13 @@ class SshLaunch(Launch):
         self.python = args.remote_python or sys.executable
         self.repo = args.remote_repo or str(REPO)
         self.targets = {line.address: line.target for line in self.lines}
-        check_hosts(self.ssh, self.lines, Path(args.log_dir), Path(args.data_dir),
-                    self.python, self.repo)
+        self.cores = check_hosts(self.ssh, self.lines, Path(args.log_dir), Path(args.data_dir),
+                                 self.python, self.repo)
         super().__init__(args, parser, hosts=hosts, devices=devices)
+
+    def machines(self) -> tuple[list[str], dict[str, int], str]:
+        """Each host of the file is a machine, of the cores ``nproc`` showed there."""
+        return [host.name for host in self.hosts.workers], self.cores, self.hosts.ps.name
 
     def configure(self, *, resume: bool, overwrite: bool) -> ClusterConfig:
         port, state = self.args.port, self.args.state_port
