@@ -62,3 +62,11 @@ def test_a_caught_up_older_score_does_not_replace_the_newest(tmp_path):
     for rnd, acc in ((50, 0.9), (10, 0.3)):
         log.append({"round": rnd, "total_time": rnd / 10, "accuracy": acc})
     assert log.poll() == 0.9
+
+
+def test_an_evaluator_asked_for_a_gpu_mxnet_cannot_see_says_how_to_score_on_the_cpu():
+    from esync.common.errors import UsageError
+    beyond = mx.context.num_gpus()              # one more than this machine has
+    args = cli.build_parser().parse_args(["-c", "0", "-g", str(beyond), "-n", "lenet"])
+    with pytest.raises(UsageError, match=f"MXNet sees {beyond} GPU.*score on the CPU with -c 1"):
+        evaluator.evaluation_context(args)

@@ -1,7 +1,7 @@
 """The launcher's pure parts: the role plan and the stall watchdog's bookkeeping (no processes)."""
 import pytest
 
-from esync.launch.launches import LocalLaunch as LocalCluster
+from esync.launch.backends.local import LocalLaunch as LocalCluster
 from esync.launch.flags import build_parser
 from esync.launch.roles import ClusterConfig, Host, Hosts, plan_roles, slot_plan
 from esync.launch.supervisor import StallWatch
@@ -289,24 +289,26 @@ def _no_cgroups(*args, **kwargs):
 
 def test_without_cgroups_auto_falls_back_to_sleeping_with_one_warning(tmp_path, monkeypatch,
                                                                      capsys):
-    from esync.launch import cgroups, launches
+    from esync.launch import cgroups
+    from esync.launch.backends import local
     monkeypatch.setattr(cgroups, "CpuCaps", _no_cgroups)
     args = build_parser().parse_args(["-ld", str(tmp_path), "--workers", "2"])
     args.slowdowns = [1.0, 4.0]
-    assert launches.cpu_caps(args) == (None, None)
+    assert local.cpu_caps(args) == (None, None)
     warning = capsys.readouterr().err.strip().splitlines()
     assert len(warning) == 1 and "need root" in warning[0] and "sleeping" in warning[0]
 
 
 def test_without_cgroups_an_explicit_cpu_cap_is_an_error(tmp_path, monkeypatch):
     from esync.common.errors import UsageError
-    from esync.launch import cgroups, launches
+    from esync.launch import cgroups
+    from esync.launch.backends import local
     monkeypatch.setattr(cgroups, "CpuCaps", _no_cgroups)
     args = build_parser().parse_args(["-ld", str(tmp_path), "--workers", "2",
                                       "--emulation", "cpu-cap"])
     args.slowdowns = [1.0, 4.0]
     with pytest.raises(UsageError, match="--emulation cpu-cap: CPU caps need root"):
-        launches.cpu_caps(args)
+        local.cpu_caps(args)
 
 
 @pytest.mark.parametrize("split, want", [

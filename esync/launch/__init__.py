@@ -24,11 +24,14 @@ logged once and at most one checkpoint interval (``-e`` rounds) of work is lost.
 The parts (the cluster's world: nothing here imports MXNet):
 
 - ``flags.py``: the command line, resolved once; ``program.py``: ``main``, backend-blind;
-- ``launches.py``: one launch class per placement (local, ssh, Slurm, Kubernetes) and the restarts;
+- ``launches.py``: the interface of a job and the restarts; ``remote.py``: ``--backend`` and the
+  table of backends;
 - ``roles.py``: which processes, with which command and environment, on which host (pure);
-- ``backends/``: where they run; ``supervisor.py``: progress, failures, stalls, restarts (it
-  sees only backend handles);
-- ``namespaces.py``: emulated hosts (``--net netns``); ``remote.py``: the ``--backend`` flags.
+- ``resources.py``: what each process gets: emulated or real devices, threads, its GPU (pure);
+  ``gpus.py``: MXNet's wheels and the GPUs each runs on;
+- ``backends/``: one module per backend (its flags, its launch, its runner);
+- ``supervisor.py``: progress, failures, stalls, restarts (it sees only backend handles);
+- ``namespaces.py``: emulated hosts (``--net netns``).
 """
 from esync.launch.program import main
 from esync.common.presets import CLUSTER_LR

@@ -54,8 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--devices", default="cpu",
                    help="device per worker: cpu or gpuN, comma-separated (or one for all)")
     g.add_argument("--servers", type=positive_int, default=1, help="parameter servers")
-    g.add_argument("--threads", type=positive_int, default=1,
-                   help="OMP_NUM_THREADS of each worker (1 keeps emulated speeds repeatable)")
+    g.add_argument("--threads", type=positive_int, default=None,
+                   help="OMP_NUM_THREADS of each worker (default: 1 when devices are emulated, "
+                        "else the cores left to it: esync.launch.resources)")
     g.add_argument("--port", type=port, default=None,
                    help="scheduler port (default: a free one)")
     g.add_argument("--state-port", type=port, default=None,

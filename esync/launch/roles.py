@@ -15,6 +15,7 @@ from pathlib import Path
 from esync.common.procs import python_env
 from esync.common.speeds import CPU_PIN_ENV
 from esync.launch.cgroups import ONE_COMPUTE_THREAD_ENV
+from esync.launch.resources import CUDA_VISIBLE_DEVICES, NO_GPU, gpu_index, visible_devices
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -46,10 +47,8 @@ class RoleSpec:
 
     @property
     def gpu(self) -> int | None:
-        """The GPU index of a GPU worker, else None."""
-        if not self.device.startswith("gpu"):
-            return None
-        return int(self.device[3:].split("-")[0])
+        """The GPU index of a GPU worker (its user's name: gpuN), else None."""
+        return gpu_index(self.device)
 
 
 @dataclass(frozen=True)
@@ -83,6 +82,9 @@ class ClusterConfig:
     the plan adds each worker's device, slow-down, shard, host name and the state server's
     address. ``cpu_cores`` (one per worker; None: uncapped) are the CPU caps that emulate the
     slow-downs under ``emulation="cpu-cap"``; worker i always trains on shard i.
+    ``worker_threads`` (one per worker; empty: ``threads`` each) are the workers'
+    OMP_NUM_THREADS (``esync.launch.resources.worker_threads``); ``evaluator_gpu`` is the GPU
+    the evaluator scores on (None: the CPU).
     """
     mode: str
     devices: tuple[str, ...]               # one per worker: "cpu" or "gpuN"
@@ -91,7 +93,9 @@ class ClusterConfig:
     train_argv: tuple[str, ...] = ()
     servers: int = 1
     threads: int = 1
+    worker_threads: tuple[int, ...] = ()
     evaluator: bool = True
+    evaluator_gpu: int | None = None
     state_port: int | None = None          # None: no state server (not ESync, or --local-iters)
     state_token: str = ""
     state_db: str = ""                     # the state server's SQLite file
@@ -140,7 +144,7 @@ def plan_roles(config: ClusterConfig, hosts: Hosts) -> list[RoleSpec]:
             [config.python, "-m", "esync.coordination.service", "--host", ps.address,
              "--port", str(config.state_port)],
             {**python_env(), "ESYNC_STATE_TOKEN": config.state_token,
-             "ESYNC_STATE_DB": config.state_db}, ps.name))
+             "ESYNC_STATE_DB": config.state_db, CUDA_VISIBLE_DEVICES: NO_GPU}, ps.name))
     allreduce = config.collective == "allreduce"
     slots = slot_plan([h.name for h in hosts.workers]) if allreduce else []
     if allreduce:
@@ -148,7 +152,7 @@ def plan_roles(config: ClusterConfig, hosts: Hosts) -> list[RoleSpec]:
             "rendezvous", "rendezvous",
             [config.python, "-m", "esync.launch.rendezvous", "--host", ps.address,
              "--port", str(config.port), "--workers", ",".join(h.name for h in hosts.workers)],
-            python_env(), ps.name))
+            {**python_env(), CUDA_VISIBLE_DEVICES: NO_GPU}, ps.name))
     else:
         specs.append(RoleSpec("scheduler", "scheduler", list(main),
                               _dmlc_env(config, ps, ps, "scheduler"), ps.name))
@@ -160,19 +164,26 @@ def plan_roles(config: ClusterConfig, hosts: Hosts) -> list[RoleSpec]:
     if config.state_port is not None:
         state = ["--state-server-ip", ps.address, "--state-server-port", str(config.state_port)]
     if config.evaluator:
+        gpu = config.evaluator_gpu
         env = {**python_env(), "DMLC_ROLE": "evaluator",
-               "OMP_NUM_THREADS": str(config.threads)}
+               "OMP_NUM_THREADS": str(config.threads),
+               CUDA_VISIBLE_DEVICES: NO_GPU if gpu is None else str(gpu)}
         if config.state_port is not None:
             env["ESYNC_STATE_TOKEN"] = config.state_token     # it posts scores to the dashboard
-        specs.append(RoleSpec("evaluator", "evaluator", main + train + state, env, ps.name))
+        on = [] if gpu is None else ["-c", "0", "-g", "0"]
+        specs.append(RoleSpec("evaluator", "evaluator", main + train + on + state, env, ps.name))
     names = device_names(config.devices)
     for i, (device, name, factor, host) in enumerate(zip(config.devices, names,
                                                            config.slowdowns, hosts.workers)):
         env = (_horovod_env(config, ps, host, slots[i]) if allreduce
                else _dmlc_env(config, ps, host, "worker"))
+        if config.worker_threads:
+            env["OMP_NUM_THREADS"] = str(config.worker_threads[i])
+        env[CUDA_VISIBLE_DEVICES] = visible_devices(device)
         if config.state_port is not None:
             env["ESYNC_STATE_TOKEN"] = config.state_token
-        on = ["-c", "1"] if device == "cpu" else ["-c", "0", "-g", device[3:]]
+        # A GPU worker sees its own GPU alone, as gpu(0); --device-name keeps the user's name.
+        on = ["-c", "1"] if device == "cpu" else ["-c", "0", "-g", "0"]
         cores = config.cpu_cores[i] if config.cpu_cores else None
         if cores is not None:
             env.update(ONE_COMPUTE_THREAD_ENV)   # the quota throttles one thread smoothly
@@ -189,6 +200,13 @@ def plan_roles(config: ClusterConfig, hosts: Hosts) -> list[RoleSpec]:
         specs.append(RoleSpec(f"worker-{name}", "worker", argv, env, host.name, device=name,
                               rank=i, cpu_cores=cores))
     return specs
+
+
+def coordination_roles(*, collective: str, servers: int, state_server: bool,
+                       evaluator: bool) -> int:
+    """How many roles other than workers ``plan_roles`` starts (for a backend that must size
+    the job before it plans it, e.g. Slurm's tasks per node)."""
+    return (1 if collective == "allreduce" else 1 + servers) + int(state_server) + int(evaluator)
 
 
 def slot_plan(worker_hosts: list[str]) -> list[dict]:
@@ -247,7 +265,7 @@ def _dmlc_env(config: ClusterConfig, ps: Host, host: Host, role: str) -> dict[st
            "DMLC_PS_ROOT_URI": ps.address, "DMLC_PS_ROOT_PORT": str(config.port),
            "DMLC_NUM_SERVER": str(config.servers), "DMLC_NUM_WORKER": str(config.workers),
            "DMLC_NODE_HOST": host.address, "OMP_NUM_THREADS": str(config.threads),
-           "MXNET_CPU_WORKER_NTHREADS": "1"}
+           "MXNET_CPU_WORKER_NTHREADS": "1", CUDA_VISIBLE_DEVICES: NO_GPU}
     if host.interface:
         env["DMLC_INTERFACE"] = host.interface
     return env

@@ -10,6 +10,14 @@ place, then a copy).
 Horovod learns its rank, size and rendezvous from the environment that ``horovodrun --gloo`` or
 ``esync-cluster --collective allreduce`` sets (``HOROVOD_RANK``, ``HOROVOD_SIZE``,
 ``HOROVOD_GLOO_RENDEZVOUS_ADDR`` ...; see ``esync.launch.rendezvous``).
+
+Every rank of one collective must pass tensors on the same kind of device (else Horovod's
+controller stops the job with "Mismatched CPU/GPU device selection"), and Gloo reduces CPU
+tensors only. So a GPU rank stages its tensors through CPU buffers (``stages_on_cpu``) whenever
+the job mixes CPUs and GPUs (the ranks tell each other their device when the channel opens),
+whenever Horovod has no NCCL, or when ``ESYNC_ALLREDUCE_STAGING=cpu`` asks for it;
+``ESYNC_ALLREDUCE_STAGING=device`` keeps GPU tensors on the GPU where that can work and is
+refused where it cannot. The CPU buffers are made once per key and reused every round.
 """
 from __future__ import annotations
 
@@ -25,6 +33,8 @@ from esync.worker.kvstore import Channel, _nbytes
 # What Horovod's Gloo controller needs from whoever starts the worker (horovodrun sets them all).
 REQUIRED_ENV = ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_GLOO_RENDEZVOUS_ADDR",
                 "HOROVOD_GLOO_RENDEZVOUS_PORT")
+STAGING_ENV = "ESYNC_ALLREDUCE_STAGING"     # auto (the default) | cpu | device
+STAGINGS = ("auto", "cpu", "device")
 INSTALL_HINT = ("install it with `bash scripts/setup.sh` (it builds horovod==0.28.1 with MXNet "
                 "and Gloo; needs cmake and g++: `apt-get install cmake g++`)")
 
@@ -60,6 +70,29 @@ def check_environment(env=os.environ) -> None:
                          "`esync-cluster --collective allreduce` (see README)")
 
 
+def stages_on_cpu(device: str, job_devices, *, nccl: bool, asked: str = "auto") -> bool:
+    """Whether a rank on `device` ("cpu" or "gpu") passes its tensors to Horovod through CPU
+    buffers, given the device kinds of every rank (`job_devices`), whether Horovod was built
+    with NCCL, and what ``ESYNC_ALLREDUCE_STAGING`` asks (auto, cpu, device). Every rank of a
+    job decides alike, so all of them hand Horovod CPU tensors, or all GPU tensors; a
+    combination that cannot work raises UsageError saying why."""
+    if asked not in STAGINGS:
+        raise UsageError(f"{STAGING_ENV}={asked!r}: use one of {', '.join(STAGINGS)}")
+    mixed = len(set(job_devices)) > 1
+    if asked == "device":
+        if mixed:
+            raise UsageError(f"{STAGING_ENV}=device: this job mixes CPU and GPU workers, and "
+                             "every rank of a Horovod collective must pass tensors on the same "
+                             "kind of device; leave it at auto (GPU ranks stage to the CPU)")
+        if "gpu" in set(job_devices) and not nccl:
+            raise UsageError(f"{STAGING_ENV}=device: this Horovod has no NCCL, and Gloo reduces "
+                             "CPU tensors only; leave it at auto, or build Horovod with "
+                             "HOROVOD_GPU_OPERATIONS=NCCL")
+    if device != "gpu":
+        return False
+    return asked == "cpu" or mixed or not nccl
+
+
 class AllreduceChannel(Channel):
     """Horovod's allreduce and broadcast behind the algorithms' ``Channel``.
 
@@ -77,8 +110,28 @@ class AllreduceChannel(Channel):
         self.hvd.init()
         Channel.joined_job = True          # a failed worker leaves at once (leave_job_at_once)
         self._stored: dict[int, nd.NDArray] = {}
-        # A Horovod built without NCCL reduces CPU arrays only: GPU arrays go through a CPU copy.
-        self.staging = ctx.device_type == "gpu" and not self.hvd.nccl_built()
+        self._buffers: dict[tuple, nd.NDArray] = {}    # a key's CPU buffer, made once
+        self.staging = stages_on_cpu(ctx.device_type, self._device_kinds(ctx),
+                                     nccl=bool(self.hvd.nccl_built()),
+                                     asked=os.environ.get(STAGING_ENV, "auto"))
+
+    def _device_kinds(self, ctx: mx.Context) -> list[str]:
+        """Every rank's device kind, gathered once (on CPU arrays, which any build moves)."""
+        mine = nd.array([1 if ctx.device_type == "gpu" else 0], ctx=mx.cpu(), dtype="int32")
+        kinds = self.hvd.allgather(mine, name="esync.device_kinds").asnumpy()
+        return ["gpu" if k else "cpu" for k in kinds]
+
+    def _staged(self, key: int, array: nd.NDArray) -> nd.NDArray:
+        """The array Horovod works on for `key`: `array` itself, or (staging) its CPU buffer
+        holding a copy of it."""
+        if not self.staging:
+            return array
+        slot = (key, array.shape, array.dtype)
+        if slot not in self._buffers:
+            self._buffers[slot] = nd.zeros(array.shape, ctx=mx.cpu(), dtype=array.dtype)
+        buffer = self._buffers[slot]
+        array.copyto(buffer)
+        return buffer
 
     @property
     def rank(self) -> int:
@@ -101,7 +154,7 @@ class AllreduceChannel(Channel):
         for key, out in zip(keys, outs):
             if self.rank == 0 and key in self._stored:
                 self._stored[key].copyto(out)
-            target = out.as_in_context(mx.cpu()) if self.staging else out
+            target = self._staged(key, out)
             self.hvd.broadcast_(target, root_rank=0, name=f"esync.pull.{key}")
             if target is not out:
                 target.copyto(out)
@@ -113,7 +166,7 @@ class AllreduceChannel(Channel):
                         outs: Sequence[nd.NDArray]) -> None:
         """One grouped allreduce of `values` (summed in place), copied into `outs`; MXNet's
         engine runs it in the background, so this returns at once."""
-        staged = [v.as_in_context(mx.cpu()) for v in values] if self.staging else list(values)
+        staged = [self._staged(key, value) for key, value in zip(keys, values)]
         self.hvd.grouped_allreduce_(staged, op=self.hvd.Sum,
                                     name="esync.sum." + ".".join(map(str, keys)))
         for total, out in zip(staged, outs):

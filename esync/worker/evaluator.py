@@ -23,6 +23,7 @@ import numpy as np
 
 from esync.worker import data, models
 from esync.common import runlayout
+from esync.common.errors import UsageError
 from esync.common.runlayout import EvaluationLog
 from esync.worker.checkpoint import CheckpointError, CheckpointStore
 from esync.worker.score_report import ScoreReport
@@ -41,6 +42,19 @@ def load_into(net, arrays: dict) -> None:
         param.set_data(mx.nd.array(arrays[name], ctx=param.list_ctx()[0]))
 
 
+def evaluation_context(args) -> mx.Context:
+    """Where checkpoints are scored: the CPU with ``-c 1``, else GPU ``-g`` (the launcher gives
+    the evaluator a GPU no worker uses, seen as GPU 0), checked to exist here."""
+    if args.cpu:
+        return mx.cpu()
+    visible = mx.context.num_gpus()
+    if args.gpu >= visible:
+        raise UsageError(f"the evaluator: -c 0 -g {args.gpu} scores on GPU {args.gpu}, but "
+                         f"MXNet sees {visible} GPU(s) here (a CPU wheel, or "
+                         "CUDA_VISIBLE_DEVICES); score on the CPU with -c 1")
+    return mx.gpu(args.gpu)
+
+
 def run(args, mode_dir: Path, *, poll_seconds: float = 0.2, idle_timeout: float = 0.0) -> int:
     report = ScoreReport(args)
     try:
@@ -51,7 +65,7 @@ def run(args, mode_dir: Path, *, poll_seconds: float = 0.2, idle_timeout: float 
 
 def _score_checkpoints(args, mode_dir: Path, report: ScoreReport, poll_seconds: float,
                        idle_timeout: float) -> int:
-    ctx = mx.cpu() if args.cpu else mx.gpu(args.gpu)
+    ctx = evaluation_context(args)
     images, labels = data.load_fashion_mnist(args.data_dir, "test")
     net = models.build(args.network, ctx, seed=args.seed)
     size = models.input_size(args.network)

@@ -12,6 +12,14 @@ so each task recomputes the same pure plan (``plan_roles``) with the real nodes:
 ``DMLC_PS_ROOT_URI`` is the first node's address. Without ``--port`` the ports are derived from
 the job id, identical in every task.
 
+GPUs: the job asks each node for as many GPUs as ``--node-devices`` names distinct ones
+(``--gpus-per-node`` for more), as ``--gpus-per-node=N`` or ``--gres=gpu:N``
+(``--gpu-request``). Slurm chooses which GPUs, so a ``gpuN`` name labels one of them: the
+distinct names, in numeric order, take the allocation's GPUs in the order of the task's
+``CUDA_VISIBLE_DEVICES`` (``gpu_slots``); each GPU worker sees that one GPU alone. Every task
+asks for the same CPUs (``cpus_per_task``): ``--threads``, else the node's CPUs divided among
+its tasks, and at least two with GPU workers.
+
 Roles run under ``esync.launch.runner``: each role's output goes to ``processes/<role>.log`` of
 the shared log folder, its exit code to ``processes/<role>.exit``, and the launcher stops a role
 by creating ``processes/<role>.stop``. ``scancel`` (or Ctrl-C in the launcher, which calls it)
@@ -34,9 +42,14 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from esync.common.argtypes import non_negative_int, positive_int
 from esync.common.errors import UsageError
 from esync.launch.backends.base import Backend, Handle
-from esync.launch.roles import REPO, ClusterConfig, Host, Hosts, RoleSpec, plan_roles
+from esync.launch.launches import Launch
+from esync.launch.resources import (CUDA_VISIBLE_DEVICES, GPU_WORKER_THREADS, NO_GPU, gpu_index,
+                                    within)
+from esync.launch.roles import (REPO, ClusterConfig, Host, Hosts, RoleSpec, coordination_roles,
+                                plan_roles)
 from esync.launch.runner import read_exit, run
 
 ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED"}
@@ -148,6 +161,99 @@ def placement(nodes: int, node_devices: list[str]) -> tuple[Hosts, list[str]]:
     return Hosts(ps=hosts[0], workers=workers), list(node_devices) * nodes
 
 
+# The flags ----------------------------------------------------------------------------------
+
+PLACED_BY = "--nodes and --node-devices"     # what places the workers
+GPU_REQUESTS = ("gpus-per-node", "gres")     # the sbatch forms of a GPU request
+
+
+def add_arguments(parser) -> set[str]:
+    """The Slurm backend's flags; returns their dests (launcher-only: never passed to main.py)."""
+    m = parser.add_argument_group("slurm backend")
+    m.add_argument("--partition", help="Slurm partition; default: the cluster's default one")
+    m.add_argument("--nodes", type=positive_int, default=1, help="nodes of the job")
+    m.add_argument("--node-devices", default="cpu",
+                   help="the devices of each node that get a worker, e.g. gpu0,gpu1,cpu")
+    m.add_argument("--gpus-per-node", type=non_negative_int, default=None,
+                   help="GPUs to allocate per node; default: as many as --node-devices names "
+                        "distinct GPUs (gpuN names label the node's allocated GPUs: the "
+                        "distinct names, in numeric order, take them in Slurm's order)")
+    m.add_argument("--gpu-request", choices=GPU_REQUESTS, default="gpus-per-node",
+                   help="how the job asks for its GPUs: sbatch --gpus-per-node=N, or "
+                        "--gres=gpu:N where the cluster knows GPUs only as generic resources")
+    m.add_argument("--time", dest="slurm_minutes", type=positive_int, default=60,
+                   help="the job's time limit in minutes")
+    m.add_argument("--slurm-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="any other sbatch option, e.g. account=lab (repeatable)")
+    return {"partition", "nodes", "node_devices", "gpus_per_node", "gpu_request",
+            "slurm_minutes", "slurm_option"}
+
+
+def node_devices(text: str, flag: str = "--node-devices") -> list[str]:
+    """The devices of one node (``--node-devices``): cpu or gpuN, comma-separated."""
+    items = [t.strip() for t in text.split(",")]
+    for item in items:
+        if item != "cpu" and not (item.startswith("gpu") and item[3:].isdigit()):
+            raise UsageError(f"argument {flag}: {item!r} is not 'cpu' or 'gpuN'")
+    return items
+
+
+def placed_devices(args) -> list[str]:
+    """Every node's devices, node after node."""
+    return node_devices(args.node_devices) * args.nodes
+
+
+# GPUs and CPUs of a task ----------------------------------------------------------------------
+
+def gpu_slots(devices) -> dict[int, int]:
+    """Each GPU name's place among a node's allocated GPUs: Slurm chooses which GPUs a job
+    gets, so ``gpuN`` labels one of them; the distinct names, in numeric order, take the
+    allocation's GPUs in its order (``gpu1`` alone takes the first, ``gpu0,gpu2`` the first
+    two), and as many GPUs are asked for as there are distinct names."""
+    indices = sorted({i for i in map(gpu_index, devices) if i is not None})
+    return {index: slot for slot, index in enumerate(indices)}
+
+
+def task_gpu(visible: str, slots: dict[int, int], allocated: str | None) -> str:
+    """A task's ``CUDA_VISIBLE_DEVICES``: the plan's GPU name (``visible``, "" for none)
+    turned into the GPU of the allocation (``allocated``: what Slurm set for the task)."""
+    if not visible:
+        return visible
+    return within(str(slots[int(visible)]), allocated)
+
+
+def cpus_per_task(*, threads: int | None, gpus: bool, emulated: bool, node_cpus: int | None,
+                  tasks: int) -> int:
+    """The CPUs of every task (sbatch gives all tasks the same): ``--threads`` if given, else
+    one each while devices are emulated, else the node's CPUs divided among its tasks; with
+    GPU workers at least ``GPU_WORKER_THREADS`` (their Python, engine and ps-lite threads)."""
+    least = GPU_WORKER_THREADS if gpus else 1
+    if threads is not None:
+        return max(threads, least)
+    if emulated or not node_cpus:
+        return least
+    return max(least, node_cpus // tasks)
+
+
+def gpu_parameters(gpus: int, form: str) -> dict:
+    """submitit's parameters asking each node for `gpus` GPUs in the cluster's `form`."""
+    if not gpus:
+        return {}
+    return {"slurm_gres": f"gpu:{gpus}"} if form == "gres" else {"slurm_gpus_per_node": gpus}
+
+
+def node_cpu_count(partition: str | None) -> int | None:
+    """The CPUs of the partition's smallest node (``sinfo``), or None where Slurm says nothing."""
+    try:
+        done = subprocess.run(["sinfo", "-h", "-o", "%c", *(["-p", partition] if partition
+                                                             else [])],
+                              capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    counts = [int(c) for c in done.stdout.split() if c.isdigit()]
+    return min(counts) if done.returncode == 0 and counts else None
+
+
 def task_layout(specs: list[RoleSpec], nodes: int) -> list[list[str | None]]:
     """Role names per node, padded to one task count: ``layout[node][local task]``."""
     per_node = [[s.name for s in specs if s.host == f"node{i}"] for i in range(nodes)]
@@ -188,6 +294,9 @@ def run_task(config: ClusterConfig, layout: list[list[str | None]], proc_dir: st
     spec = next(s for s in plan_roles(config, hosts) if s.name == name)
     env = {k: v for k, v in os.environ.items() if not k.startswith("DMLC_")}
     env.update(spec.env)
+    env[CUDA_VISIBLE_DEVICES] = task_gpu(spec.env.get(CUDA_VISIBLE_DEVICES, NO_GPU),
+                                         gpu_slots(config.devices),
+                                         os.environ.get(CUDA_VISIBLE_DEVICES))
     folder = Path(proc_dir)
     code = run(spec.argv, log=folder / f"{name}.log", env=env, cwd=str(REPO),
                exit_file=folder / f"{name}.exit", stop_file=folder / f"{name}.stop")
@@ -300,16 +409,16 @@ class SlurmBackend(Backend):
     """Submits every role at once as one job; ``start`` returns once the job runs."""
 
     def __init__(self, config_of: Callable[[], ClusterConfig], nodes: int, *,
-                 partition: str | None = None, gpus_per_node: int = 0, minutes: int = 60,
+                 partition: str | None = None, gpus_per_node: int = 0,
+                 gpu_request: str = "gpus-per-node", cpus_per_task: int = 1, minutes: int = 60,
                  job_name: str = "esync", extra: dict | None = None, announce=None):
         # The job's current config (a restart resumes from a checkpoint: other flags).
         self.config_of, self.nodes = config_of, nodes
         self.params = dict(slurm_partition=partition, slurm_time=minutes, nodes=nodes,
-                           slurm_job_name=job_name, cpus_per_task=max(1, config_of().threads),
+                           slurm_job_name=job_name, cpus_per_task=cpus_per_task,
                            slurm_srun_args=["--distribution=block"],
                            slurm_additional_parameters={"chdir": str(REPO), **(extra or {})})
-        if gpus_per_node:
-            self.params["slurm_gpus_per_node"] = gpus_per_node
+        self.params.update(gpu_parameters(gpus_per_node, gpu_request))
         self.announce = announce or (lambda text: print(text, file=sys.stderr, flush=True))
         self.job: SlurmJob | None = None
         self._tasks = 0                          # tasks per node of the job submitted last
@@ -379,6 +488,8 @@ class SlurmBackend(Backend):
                 f"{tasks * cpus} CPUs per node")
         if self.params.get("slurm_gpus_per_node"):
             text += f" and {self.params['slurm_gpus_per_node']} GPU(s) per node"
+        if self.params.get("slurm_gres"):
+            text += f" and --gres={self.params['slurm_gres']} per node"
         return text + f", for {self.params['slurm_time']} min"
 
     def close(self) -> None:
@@ -396,6 +507,61 @@ def _first_line(exc: Exception) -> str:
         if "error" in line.lower():
             return line.strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+# The launch ----------------------------------------------------------------------------------
+
+class SlurmLaunch(Launch):
+    """One Slurm job (submitit) of ``--nodes`` nodes; its roles start inside the job."""
+
+    def __init__(self, args, parser):
+        per_node = node_devices(args.node_devices)
+        hosts, devices = placement(args.nodes, per_node)
+        named = len(gpu_slots(per_node))
+        gpus = named if args.gpus_per_node is None else args.gpus_per_node
+        if gpus < named:
+            raise UsageError(f"--gpus-per-node {gpus}: --node-devices names {named} distinct "
+                             "GPUs, each a GPU of the allocation; ask for at least as many")
+        self.node_cpus = node_cpu_count(args.partition)
+        extra = {}
+        for option in args.slurm_option:
+            key, sep, value = option.partition("=")
+            if not sep or not key:
+                raise UsageError(f"--slurm-option {option!r}: use KEY=VALUE (an sbatch option "
+                                 "without its dashes, e.g. account=lab)")
+            extra[key] = value
+        self.options = dict(partition=args.partition, gpus_per_node=gpus,
+                            gpu_request=args.gpu_request, minutes=args.slurm_minutes,
+                            extra=extra)
+        super().__init__(args, parser, hosts=hosts, devices=devices)
+
+    def cpus_per_task(self) -> int:
+        """The CPUs each task of the job asks for (``cpus_per_task``)."""
+        a = self.args
+        tasks = len(node_devices(a.node_devices)) + coordination_roles(
+            collective=a.collective, servers=a.servers, state_server=self.uses_state_server,
+            evaluator=not a.no_evaluator)
+        return cpus_per_task(threads=a.threads, gpus=bool(gpu_slots(self.devices)),
+                             emulated=self.emulated, node_cpus=self.node_cpus, tasks=tasks)
+
+    def worker_threads(self) -> list[int]:
+        """``--threads``, else one while devices are emulated, else the task's CPUs."""
+        if self.args.threads is not None or self.emulated:
+            return super().worker_threads()
+        return [self.cpus_per_task()] * len(self.devices)
+
+    def configure(self, *, resume: bool, overwrite: bool) -> ClusterConfig:
+        # 0: derived from the job id inside the job (the nodes are not known before).
+        return self.config_with(self.args.port or 0, self.args.state_port or 0,
+                                resume=resume, overwrite=overwrite)
+
+    def backend(self):
+        return SlurmBackend(lambda: self.config, self.args.nodes,
+                            cpus_per_task=self.cpus_per_task(), **self.options)
+
+    def state_view(self) -> str:
+        return (f"  (the state server runs inside the Slurm job; see "
+                f"{self.proc_dir}/state-server.log)")
 
 
 if __name__ == "__main__":      # pragma: no cover - not a command

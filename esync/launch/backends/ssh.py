@@ -23,13 +23,15 @@ import secrets
 import shlex
 import signal
 import subprocess
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 from esync.common.errors import UsageError
 from esync.launch.backends.base import Backend, Handle
-from esync.launch.roles import REPO, Host, Hosts, RoleSpec
+from esync.launch.launches import Launch
+from esync.launch.roles import REPO, ClusterConfig, Host, Hosts, RoleSpec
 from esync.launch.runner import PID_LINE, parse_exit_line
 from esync.common.procs import die_with_parent, kill_group
 
@@ -92,6 +94,33 @@ def placement(lines: list[HostLine]) -> tuple[Hosts, list[str]]:
     return Hosts(ps=hosts[lines[0].address], workers=tuple(workers)), devices
 
 
+# The flags ----------------------------------------------------------------------------------
+
+PLACED_BY = "--hostfile"          # what places the workers (instead of --workers/--devices)
+
+
+def add_arguments(parser) -> set[str]:
+    """The ssh backend's flags; returns their dests (launcher-only: never passed to main.py)."""
+    s = parser.add_argument_group("ssh backend")
+    s.add_argument("--hostfile", help="one host per line: ADDRESS DEVICE,DEVICE,... (e.g. "
+                                      "'10.1.1.29 gpu0,gpu1,cpu'); the first also runs the "
+                                      "scheduler, server(s), state server and evaluator")
+    s.add_argument("--ssh-config", help="ssh configuration file (ssh -F) for every connection")
+    s.add_argument("--ssh-option", action="append", default=[], metavar="OPTION",
+                   help="an ssh -o option for every connection (repeatable)")
+    s.add_argument("--remote-python", help="Python on the hosts; default: this machine's")
+    s.add_argument("--remote-repo", help="the repository on the hosts; default: this machine's")
+    return {"hostfile", "ssh_config", "ssh_option", "remote_python", "remote_repo"}
+
+
+def placed_devices(args) -> list[str]:
+    """The devices of the host file, in worker order."""
+    if not args.hostfile:
+        raise UsageError("--backend ssh needs --hostfile FILE (one 'ADDRESS DEVICES' line "
+                         "per host)")
+    return placement(read_hostfile(args.hostfile))[1]
+
+
 class Ssh:
     """The ssh command line shared by every connection of a job."""
 
@@ -114,19 +143,21 @@ class Ssh:
 
 
 def check_hosts(ssh: Ssh, lines: list[HostLine], log_dir: Path, data_dir: Path,
-                python: str, repo: str) -> None:
+                python: str, repo: str) -> dict[str, int]:
     """Every host logs in, sees this machine's log folder (a probe file written here), the data,
-    the repository and the Python; else one line naming the host and what it lacks."""
+    the repository and the Python; else one line naming the host and what it lacks. Returns
+    each host's cores (``nproc``; by address) for the workers' threads."""
+    cores = {}
     log_dir.mkdir(parents=True, exist_ok=True)
     probe = log_dir / f".esync-shared-{secrets.token_hex(8)}"
     token = secrets.token_hex(16)
     probe.write_text(token)
     try:
         for line in lines:
-            checks = (f"cat {shlex.quote(str(probe))} || exit 11; "
+            checks = (f"cat {shlex.quote(str(probe))} || exit 11; echo; "
                       f"test -d {shlex.quote(str(data_dir / 'fashion-mnist'))} || exit 12; "
                       f"test -f {shlex.quote(str(Path(repo) / 'main.py'))} || exit 13; "
-                      f"test -x {shlex.quote(python)} || exit 14")
+                      f"test -x {shlex.quote(python)} || exit 14; nproc")
             done = ssh.run(line.target, checks)
             if done.returncode == SSH_FAILED:
                 raise UsageError(f"--hostfile: cannot ssh to {line.target}: "
@@ -140,11 +171,15 @@ def check_hosts(ssh: Ssh, lines: list[HostLine], log_dir: Path, data_dir: Path,
                      14: f"has no Python at {python}: give --remote-python"}
             if done.returncode in lacks:
                 raise UsageError(f"host {line.target} {lacks[done.returncode]}")
-            if done.returncode != 0 or done.stdout.strip() != token:
+            seen = done.stdout.split()
+            if done.returncode != 0 or not seen or seen[0] != token:
                 raise UsageError(f"host {line.target} does not see the log folder {log_dir} as "
                                  "this machine does: -ld must be a folder every host shares")
+            if len(seen) > 1 and seen[1].isdigit():
+                cores[line.address] = int(seen[1])
     finally:
         probe.unlink(missing_ok=True)
+    return cores
 
 
 def free_ports(ssh: Ssh, target: str, python: str, count: int = 2) -> list[int]:
@@ -276,3 +311,36 @@ class SshBackend(Backend):
                 handle.proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 handle.terminate(hard=True)
+
+
+# The launch ----------------------------------------------------------------------------------
+
+class SshLaunch(Launch):
+    """The hosts of ``--hostfile``, reached over ssh; the first runs the ps-side roles."""
+
+    def __init__(self, args, parser):
+        self.lines = read_hostfile(args.hostfile)
+        hosts, devices = placement(self.lines)
+        self.ssh = Ssh(args.ssh_config, tuple(args.ssh_option))
+        self.python = args.remote_python or sys.executable
+        self.repo = args.remote_repo or str(REPO)
+        self.targets = {line.address: line.target for line in self.lines}
+        self.cores = check_hosts(self.ssh, self.lines, Path(args.log_dir), Path(args.data_dir),
+                                 self.python, self.repo)
+        super().__init__(args, parser, hosts=hosts, devices=devices)
+
+    def machines(self) -> tuple[list[str], dict[str, int], str]:
+        """Each host of the file is a machine, of the cores ``nproc`` showed there."""
+        return [host.name for host in self.hosts.workers], self.cores, self.hosts.ps.name
+
+    def configure(self, *, resume: bool, overwrite: bool) -> ClusterConfig:
+        port, state = self.args.port, self.args.state_port
+        if not (port and state):
+            free = free_ports(self.ssh, self.lines[0].target, self.python)
+            port, state = port or free[0], state or free[1]
+        main_py = str(Path(self.repo) / "main.py")
+        return self.config_with(port, state, resume=resume, overwrite=overwrite,
+                                python=self.python, main_py=main_py)
+
+    def backend(self):
+        return SshBackend(self.targets, self.ssh, python=self.python, repo=self.repo)
