@@ -184,3 +184,11 @@ def test_a_cluster_run_records_the_resolution_in_run_json(tmp_path, fashion_data
     assert resolved["sources"]["slowdown_list"] == "user flag"
     assert "iid" in resolved["presets"] and resolved["values"]["aggregation"] == "weighted"
     assert run["network"] == "lenet"        # rank 0's own record of its flags stays beside it
+
+
+def test_explain_shows_what_each_worker_gets_of_the_machine(tmp_path):
+    _, demo = explained("-ld", tmp_path)
+    assert "devices emulated (CPU caps, pinning, one compute thread each)" in demo.stdout
+    _, real = explained("-ld", tmp_path, "--workers", "3", "--devices", "gpu0,gpu1,cpu")
+    assert "devices real (nothing capped)" in real.stdout
+    assert "gpu1: CUDA_VISIBLE_DEVICES=1" in real.stdout

@@ -1,5 +1,6 @@
 """esync-cluster's program: parse, make the job, supervise it, report. Backend-blind."""
 import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -29,7 +30,8 @@ def main(argv=None) -> int:
     try:
         args = parse(parser, argv)
         if args.explain:
-            print(explain(args.resolution, parser, values=vars(args)))
+            print(explain(args.resolution, parser, values=vars(args),
+                          extra=[("processes", planned_resources(args))]))
             return 0
         job = make_launch(args, parser)
         backend = job.backend()
@@ -60,6 +62,29 @@ def main(argv=None) -> int:
     job.finish(code)
     record_resolution(job.mode_dir, args.resolution)
     return code
+
+
+def planned_resources(args) -> str:
+    """What each worker gets of its machine, by the rules of esync.launch.resources, in words
+    (remote hosts: decided at start, from each host's cores)."""
+    from esync.launch import resources
+    from esync.launch.flags import device_list
+    from esync.launch.launches import emulates
+    devices = device_list(args.devices, args.workers)
+    gpus = [f"{d}: CUDA_VISIBLE_DEVICES={resources.visible_devices(d)}"
+            for d in devices if resources.gpu_index(d) is not None]
+    emulated = emulates(args)
+    if args.backend != "local":
+        threads = (f"{args.threads} each" if args.threads else
+                   "decided at start from each host's cores (GPU workers 2, the rest shared)")
+    else:
+        cores = len(os.sched_getaffinity(0))
+        threads = ",".join(map(str, resources.worker_threads(
+            devices, ["here"] * len(devices), {"here": cores}, given=args.threads,
+            emulated=emulated, coordination_machine="here")))
+    kind = ("emulated (CPU caps, pinning, one compute thread each)" if emulated
+            else "real (nothing capped)")
+    return "; ".join([f"devices {kind}", f"threads per worker {threads}", *gpus])
 
 
 def record_resolution(mode_dir: Path, resolution) -> None:
