@@ -238,6 +238,7 @@ def train(args) -> int:
     worker.keys = KeyMap(len(trainable), len(aux), len(algo.state_arrays()),
                          len(algo.extra_keys()))
     done_rounds, spent, samples = _start_global_model(worker, algo, store, args)
+    spent = max(spent, _logged_time(writer.folder, done_rounds))
     algo.setup()
     loop = TrainingLoop(worker, algo, stream, writer, store, folder, device, args, shard=shard)
     loop.announce(spent)
@@ -257,6 +258,19 @@ def accuracy_source(args) -> str:
         return f"test accuracy scored inline {when} (no evaluator)"
     return (f"test accuracy scored by the evaluator role (DMLC_ROLE=evaluator) from rank 0's "
             f"checkpoints, written {when} (--no-inline-eval)")
+
+
+def _logged_time(device_folder: Path, round_no: int) -> float:
+    """The training time this device logged for ``round_no`` (0.0 if none): on --resume its
+    clock goes on from the later of that and the checkpoint's (rank 0's) time, so that its
+    own log never steps back in time."""
+    if round_no <= 0:
+        return 0.0
+    try:
+        return float(json.loads(runlayout.round_log(device_folder, round_no).read_text())
+                     ["total_time"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0.0
 
 
 def _forget_earlier_run(folder: Path) -> None:
