@@ -31,7 +31,7 @@ def main(argv=None) -> int:
         args = parse(parser, argv)
         if args.explain:
             print(explain(args.resolution, parser, values=vars(args),
-                          extra=[("processes", planned_resources(args))]))
+                          extra=[("each worker gets", planned_resources(args))]))
             return 0
         job = make_launch(args, parser)
         backend = job.backend()
