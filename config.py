@@ -10,6 +10,7 @@ _ROOT = os.path.dirname(os.path.abspath(__file__))
 # Learning rates keep the original's meaning: a step is lr x the gradient SUMMED over the batch
 # (per-sample loss vector, backward(), step(1)); lr 0.05 on the batch mean at -b 64 is 0.05 / 64.
 learning_rate = 0.001     # -l: SGD learning rate for sync, async, dcasgd and local modes
+momentum = 0.0            # --momentum: their SGD momentum (0: plain SGD, as the original)
 local_lr = 0.001          # -ll: learning rate of ESync's local iterations
 global_lr = 1.0           # -gl: ESync's global step: params = start + global_lr * mean(delta)
 batch_size = 64           # -b: samples per iteration on each device

@@ -29,6 +29,8 @@ COLLECTIVES = ("ps", "allreduce")
 
 _slowdown = bounded_number(float, low=1, must=">= 1 (a device F times slower)")
 _momentum = bounded_number(float, low=0, high=0.999, must="a momentum in [0, 0.999]")
+_sgd_momentum = bounded_number(float, low=0, high=0.999,
+                               must="a momentum in [0, 1): 0 (plain SGD) to 0.999; 0.9 is usual")
 _comm_share = bounded_number(float, low=0, strict=True, high=1, must="a share in (0, 1]")
 _beta2 = bounded_number(float, low=0, high=0.9999, must="a decay in [0, 0.9999]")
 _tau = bounded_number(float, low=0, strict=True, high=1, must="a number in (0, 1]")
@@ -114,6 +116,12 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
                    help="SGD learning rate of sync, async, dcasgd and local modes; as in the "
                         "original, a step is lr x the gradient SUMMED over the batch (lr 0.05 on "
                         "the batch mean with -b 64 is -l 0.00078125)")
+    g.add_argument("--momentum", type=_sgd_momentum, default=config.momentum,
+                   help="SGD momentum of sync, async, dcasgd and local modes (ASGD and DC-ASGD: "
+                        "the server's optimizer, on every gradient as it arrives; SSGD: on the "
+                        "summed gradient, the same on every worker; with --nesterov, Nesterov's "
+                        "form; not checkpointed: --resume starts it afresh in sync and local); "
+                        "ESync's momentum is --outer-momentum")
     g.add_argument("-ll", "--local-lr", type=positive_float, default=config.local_lr,
                    help="learning rate of ESync's local iterations, times the gradient summed "
                         "over the batch (as -l)")

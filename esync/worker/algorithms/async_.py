@@ -33,7 +33,7 @@ the paper's lambda = 2.56.
 import mxnet as mx
 from mxnet import nd
 
-from esync.worker.algorithms.base import Algorithm, datas, grads
+from esync.worker.algorithms.base import Algorithm, datas, grads, sgd_optimizer
 
 DCASGD_LAMBDA = 0.04     # --dcasgd-lambda's default: MXNet's, as the original uses it
 
@@ -42,7 +42,12 @@ class AsyncSGD(Algorithm):
     kvstore_type = "dist_async"
 
     def optimizer(self) -> mx.optimizer.Optimizer:
-        return mx.optimizer.SGD(learning_rate=self.config.learning_rate)
+        """The server's optimizer: SGD, with ``--momentum`` (``--nesterov``) applied to every
+        gradient as it arrives (DC-ASGD: to the compensated gradient, Zheng et al.'s
+        DC-ASGD with momentum)."""
+        c = self.config
+        name, params = sgd_optimizer(c.learning_rate, c.momentum, c.nesterov)
+        return mx.optimizer.create(name, **params)
 
     def prepare(self) -> None:
         # Every worker registers the optimizer before init, whose barrier then guarantees the
@@ -90,4 +95,5 @@ class MXNetDCASGD(AsyncSGD):
 
     def optimizer(self) -> mx.optimizer.Optimizer:
         return mx.optimizer.DCASGD(learning_rate=self.config.learning_rate,
+                                   momentum=self.config.momentum,
                                    lamda=self.config.dcasgd_lambda)

@@ -42,6 +42,7 @@ class AlgorithmConfig:
     """What the algorithms need to know, by name; ``from_args`` reads it off ``main.py``'s flags."""
 
     learning_rate: float = 0.001          # -l: SGD step, x the batch-summed gradient
+    momentum: float = 0.0                 # --momentum: the other modes' SGD momentum
     local_lr: float = 0.001               # -ll: ESync's local step, likewise
     global_lr: float = 1.0                # -gl: ESync's outer learning rate
     local_iters: int = 0                  # --local-iters: fixed k_i (0: ask the state server)
@@ -72,7 +73,8 @@ class AlgorithmConfig:
 
     @classmethod
     def from_args(cls, args) -> "AlgorithmConfig":
-        return cls(learning_rate=args.learning_rate, local_lr=args.local_lr,
+        return cls(learning_rate=args.learning_rate, momentum=getattr(args, "momentum", 0.0),
+                   local_lr=args.local_lr,
                    global_lr=args.global_lr, local_iters=args.local_iters, policy=args.policy,
                    epsilon=args.epsilon, aggregation=args.aggregation,
                    outer_momentum=args.outer_momentum, nesterov=bool(args.nesterov),
@@ -94,6 +96,16 @@ class AlgorithmConfig:
                    max_rounds=getattr(args, "max_rounds", 0) or 0,
                    state_url=f"http://{args.state_server_ip}:{args.state_server_port}",
                    job=args.job, state_token=args.state_token)
+
+
+def sgd_optimizer(learning_rate: float, momentum: float = 0.0,
+                  nesterov: bool = False) -> tuple[str, dict]:
+    """(MXNet optimizer name, its parameters) of SGD at ``learning_rate``: plain, heavy-ball
+    ``momentum``, or Nesterov's form (``nag``: w -= lr (g + m v) with v = m v + g)."""
+    if not momentum:
+        return "sgd", {"learning_rate": learning_rate}
+    return ("nag" if nesterov else "sgd"), {"learning_rate": learning_rate,
+                                            "momentum": momentum}
 
 
 @dataclass
@@ -212,15 +224,22 @@ class Algorithm:
         self.dump_dir.mkdir(parents=True, exist_ok=True)
         np.savez(self.dump_dir / f"{tag}-rank{self.worker.rank}-{step:06d}.npz", **flat)
 
-    def sgd(self, learning_rate: float) -> gluon.Trainer:
-        """Plain SGD applied locally (no KVStore inside gluon's Trainer).
+    def sgd(self, learning_rate: float, *, momentum: float = 0.0,
+            nesterov: bool = False) -> gluon.Trainer:
+        """SGD applied locally (no KVStore inside gluon's Trainer), plain unless ``momentum``:
+        heavy-ball, or Nesterov's form (MXNet's NAG) with ``nesterov``.
 
         The loss is a per-sample vector and ``backward()`` sums its gradients over the batch, so
         ``step(1)`` moves by ``learning_rate`` x the gradient summed over the batch: the
         original ESync's meaning of ``-l``/``-ll``.
         """
-        return gluon.Trainer(self.worker.trainable, "sgd", {"learning_rate": learning_rate},
-                             kvstore=None)
+        return gluon.Trainer(self.worker.trainable, *sgd_optimizer(learning_rate, momentum,
+                                                                     nesterov), kvstore=None)
+
+    def baseline_sgd(self) -> gluon.Trainer:
+        """The SGD of the modes other than ESync: ``-l`` with ``--momentum`` (``--nesterov``)."""
+        c = self.config
+        return self.sgd(c.learning_rate, momentum=c.momentum, nesterov=c.nesterov)
 
     def exchange(self, arrays: list, outs: list, keys: list, want_stop: bool, *, k: int = 0,
                  c: float = 0.0, plan=None, d: float = 0.0, o: float = 0.0) -> ControlSum:

@@ -4,7 +4,7 @@ from esync.worker.algorithms.base import Algorithm
 
 class Standalone(Algorithm):
     def setup(self) -> None:
-        self.trainer = self.sgd(self.config.learning_rate)
+        self.trainer = self.baseline_sgd()
 
     def local_step(self, record) -> None:
         with record.phase("local update"):

@@ -15,7 +15,8 @@ class SyncSGD(Algorithm):
     collective_stop = True
 
     def setup(self) -> None:
-        self.trainer = self.sgd(self.config.learning_rate)
+        # Every worker applies the same summed gradient: the momentum is the same on each.
+        self.trainer = self.baseline_sgd()
         self.grads = grads(self.worker.trainable)
         self.aux = datas(self.worker.aux)
         self.aux_sum = [nd.zeros_like(x) for x in self.aux]
