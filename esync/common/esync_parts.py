@@ -16,13 +16,14 @@ flag needs to ask for:
 
 Each ``Choice`` below is one flag's choice: its option (the argparse dest), its flag, when a value
 turns it on, and what excludes it with the fix to give. ``check`` reads these declarations for
-``main.py`` and ``esync-cluster``; ``conflict`` lets a launcher's default yield to what the user
-gave; the worker picks its parts with ``chosen``. This module imports nothing of the worker, so
+``main.py`` and ``esync-cluster``; ``conflict`` lets a preset's value yield to what the user
+gave (``esync.cli.preset_excluded``); the worker picks its parts with ``chosen``. This module imports nothing of the worker, so
 the launcher and the benchmark can read it.
 
 Settings are any object holding the options as attributes (``argparse.Namespace``, the worker's
-``AlgorithmConfig``) or a dict. An option missing or None is unset (the launcher's flags before
-its defaults), and an unset value excludes nothing.
+``AlgorithmConfig``) or a dict. An option missing or None is unset (a launcher's flags before
+its defaults), and an unset value excludes nothing. When several choices are refused, ``check``
+names the first in ``CHOICES``' order.
 """
 from __future__ import annotations
 
