@@ -17,6 +17,7 @@ import socket
 import sys
 
 import config
+from esync.common import esync_parts
 from esync.common.argtypes import (UsageParser, bounded_number, fraction, non_negative_float,
                                    non_negative_int, port, positive_float, positive_int, typed)
 from esync.common.errors import UsageError, guarded
@@ -346,107 +347,25 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def check_esync_options(args) -> None:
-    """Combinations of ESync flags that cannot work (shared by main.py and esync-cluster), and
-    one that runs but was measured not to learn (a warning on stderr)."""
+    """Combinations of ESync flags that cannot work (shared by main.py and esync-cluster; the
+    parts' declarations in ``esync.common.esync_parts``), and one that runs but was measured
+    not to learn (a warning on stderr)."""
     if (getattr(args, "scaffold", False) and getattr(args, "aggregation", "mean") == "sum"
             and not getattr(args, "outer_momentum", 0)):
         print("warning: --scaffold with --aggregation sum and no outer momentum fell to chance "
               "in one of two measured runs (shuffled class shards, -ll 0.001); with "
               "--outer-momentum 0.5 both learned (docs/results/shuffled-class.md, "
               "\"What did not help on -s 2\")", file=sys.stderr)
-    if getattr(args, "outer_adam", False) and args.nesterov:
-        raise UsageError("--outer-adam has no Nesterov form: give --no-nesterov (its "
-                         "--outer-momentum is Adam's beta1)")
-    if args.nesterov and not args.outer_momentum:
-        raise UsageError("--nesterov needs an --outer-momentum above 0 (DiLoCo uses 0.9); "
-                         "for no outer momentum give --outer-momentum 0 --no-nesterov")
-    check_low_rank(args)
-    conflict = carry_conflict(args) if getattr(args, "carry", False) else None
-    if conflict:
-        raise UsageError(f"argument --carry: {conflict} (or --no-carry)")
-    if getattr(args, "carry_slowest", False):
-        if not getattr(args, "carry", False):
-            raise UsageError("argument --carry-slowest: it extends --carry to the slowest "
-                             "device; add --carry (or give --no-carry-slowest)")
-        if getattr(args, "policy", "dynamic") != "dynamic":
-            raise UsageError("argument --carry-slowest: the planned policy's k_i fill the round "
-                             "after the exchange, so the slowest has nothing to carry; give "
-                             "--policy dynamic (or --no-carry-slowest)")
-    conflict = accumulate_conflict(args) if getattr(args, "accumulate", False) else None
-    if conflict:
-        raise UsageError(f"argument --accumulate: {conflict} (or --no-accumulate)")
-    if getattr(args, "comm_dtype", "float32") != "float32" and args.mode != "esync":
-        raise UsageError(f"argument --comm-dtype: {args.comm_dtype} is the type of ESync's "
-                         f"deltas; -m {args.mode} exchanges float32 gradients and weights: "
-                         "leave --comm-dtype at float32 or use -m esync")
+    esync_parts.check(args)
 
 
 def preset_excluded(option: str, values) -> str | None:
-    """What in ``values`` a preset's value for ``option`` cannot be combined with (None:
-    nothing): the presets' values yield to it (esync.common.presets.resolve)."""
-    args = argparse.Namespace(**values)
-    if option == "nesterov" and values.get("nesterov"):
-        if values.get("outer_adam"):
-            return "--outer-adam has no Nesterov form"
-        if not values.get("outer_momentum"):
-            return "--nesterov needs an --outer-momentum above 0"
-    conflicts = {"low_rank": low_rank_conflict, "carry": carry_conflict,
-                 "accumulate": accumulate_conflict}
-    if option in conflicts and values.get(option):
-        return conflicts[option](args)
-    return None
-
-
-def low_rank_conflict(args) -> str | None:
-    """What in ``args`` excludes --low-rank (which runs on ESync's plain exchange over the
-    parameter server), as the fix to give; None: nothing. Flags still unset (None, as the
-    launcher has them before its defaults) exclude nothing."""
-    if args.mode != "esync":
-        return f"-m {args.mode} exchanges gradients or weights, not deltas; use -m esync"
-    if getattr(args, "overlap", None):
-        return "--overlap is not supported with it; give --no-overlap"
-    if getattr(args, "comm_dtype", None) not in (None, "float32"):
-        return ("the factors travel as float32 (the arrays left in full are a few percent "
-                "of the bytes); give --comm-dtype float32")
-    if getattr(args, "scaffold", None):
-        return "--scaffold's variates would still travel in full; give --no-scaffold"
-    if getattr(args, "collective", "ps") != "ps":
-        return "it runs over the parameter server; give --collective ps"
-    return None
-
-
-def carry_conflict(args) -> str | None:
-    """What in ``args`` excludes --carry, as the fix to give; None: nothing."""
-    if args.mode != "esync":
-        return f"-m {args.mode} has no exchange of deltas to compute through; use -m esync"
-    if getattr(args, "overlap", None):
-        return "--overlap already computes while the exchange runs; give --no-overlap"
-    fixed = getattr(args, "local_iters", 0) or 0
-    if any(fixed) if isinstance(fixed, (tuple, list)) else fixed:
-        return ("--local-iters fixes every worker's iterations, which carried ones would "
-                "change; leave --local-iters at 0 (the state server decides)")
-    return None
-
-
-def accumulate_conflict(args) -> str | None:
-    """What in ``args`` excludes --accumulate (the local model stays at the round's start), as
-    the fix to give; None: nothing."""
-    if args.mode != "esync":
-        return f"-m {args.mode} has no local iterations to accumulate; use -m esync"
-    if getattr(args, "overlap", None):
-        return "--overlap goes on from the worker's own delta; give --no-overlap"
-    if getattr(args, "prox_mu", 0):
-        return "the model does not move within a round, so nothing pulls it back; give --prox-mu 0"
-    if getattr(args, "scaffold", None):
-        return "SCAFFOLD corrects local steps, and there are none; give --no-scaffold"
-    return None
-
-
-def check_low_rank(args) -> None:
-    """A --low-rank that cannot run is an error naming the flag to change."""
-    conflict = low_rank_conflict(args) if getattr(args, "low_rank", 0) else None
-    if conflict:
-        raise UsageError(f"argument --low-rank: {conflict} (or --low-rank 0)")
+    """What in ``values`` a preset's value for ``option`` cannot be combined with, by the parts'
+    declarations (``esync.common.esync_parts``; None: nothing): the presets' values yield to it
+    (esync.common.presets.resolve)."""
+    if option not in esync_parts.OPTIONS or not esync_parts.is_on(option, values):
+        return None
+    return esync_parts.conflict(option, values)
 
 
 def check_collective(args) -> None:

@@ -4,6 +4,7 @@ from types import SimpleNamespace
 
 import esync.worker.algorithms.esync as esync_algo
 from esync.worker.algorithms.base import AlgorithmConfig
+from esync.worker.algorithms.esync import sizing
 from esync.worker.trainer import DeviceSpeed, TrainingLoop
 
 
@@ -50,15 +51,15 @@ class FakeAnnouncer:
 
 
 def esync_with_client(monkeypatch):
-    monkeypatch.setattr(esync_algo, "SpeedAnnouncer", FakeAnnouncer)
+    """ESync whose round sizing talks to a state server (a recording stand-in for its client)."""
+    monkeypatch.setattr(sizing, "SpeedAnnouncer", FakeAnnouncer)
     FakeAnnouncer.made = []
     hellos = []
+    client = SimpleNamespace(hello=lambda rank, **fields: hellos.append((rank, fields)),
+                             close=lambda: None)
     algo = esync_algo.ESync.__new__(esync_algo.ESync)
-    algo.config = AlgorithmConfig(state_url="http://127.0.0.1:1", job="j")
-    algo.worker = SimpleNamespace(rank=1)
-    algo.client = SimpleNamespace(hello=lambda rank, **fields: hellos.append((rank, fields)),
-                                  close=lambda: None)
-    algo.reporter = algo.speed_announcer = algo.where = algo.questions = None
+    config = AlgorithmConfig(state_url="http://127.0.0.1:1", job="j")
+    algo.rounds = sizing.ServerRounds(config, SimpleNamespace(rank=1), client=client)
     return algo, hellos
 
 
@@ -77,7 +78,7 @@ def test_esync_announces_the_factor_then_hands_changes_to_one_announcer(monkeypa
 
 def test_esync_without_a_state_server_tells_nobody(monkeypatch):
     algo, _ = esync_with_client(monkeypatch)
-    algo.client = None                                 # --local-iters
+    algo.rounds = sizing.FixedRounds(AlgorithmConfig(local_iters=3), SimpleNamespace(rank=1))
     algo.announce(host="h", device="cpu1", slowdown=1.0)
     algo.speed_changed(6.0)
     assert FakeAnnouncer.made == []
