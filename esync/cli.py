@@ -248,7 +248,8 @@ def add_run_args(parser: argparse.ArgumentParser, *, one_worker: bool = True) ->
                    help="momentum on the aggregated delta, with -gl as the outer learning rate "
                         "(DiLoCo: 0.9 with --nesterov and -gl 0.7; 0: none)")
     e.add_argument("--nesterov", action=argparse.BooleanOptionalAction, default=config.nesterov,
-                   help="Nesterov form of --outer-momentum")
+                   help="Nesterov form of the momentum: ESync's --outer-momentum; in the other "
+                        "modes their --momentum")
     e.add_argument("--outer-adam", action=argparse.BooleanOptionalAction,
                    default=config.outer_adam,
                    help="Adam as the outer step (FedAdam): --outer-momentum is its beta1, -gl "
@@ -356,6 +357,10 @@ def check_esync_options(args) -> None:
               "in one of two measured runs (shuffled class shards, -ll 0.001); with "
               "--outer-momentum 0.5 both learned (docs/results/shuffled-class.md, "
               "\"What did not help on -s 2\")", file=sys.stderr)
+    if getattr(args, "momentum", 0) and args.mode == "esync":
+        raise UsageError("argument --momentum: it is the SGD momentum of -m sync, async and "
+                         "local; ESync's local steps are plain SGD and its momentum is "
+                         "--outer-momentum (give --momentum 0 with -m esync)")
     esync_parts.check(args)
 
 
@@ -365,6 +370,8 @@ def preset_excluded(option: str, values) -> str | None:
     (esync.common.presets.resolve)."""
     if option not in esync_parts.OPTIONS or not esync_parts.is_on(option, values):
         return None
+    if option == "nesterov" and values.get("mode", "esync") != "esync":
+        return f"-m {values['mode']}'s --nesterov shapes its --momentum: the user's to ask for"
     return esync_parts.conflict(option, values)
 
 

@@ -324,3 +324,31 @@ def test_esync_options_refuse_what_they_cannot_run_with(option, flags, says):
     assert cli.parse_args([]).carry is False
     assert cli.parse_args(["--carry", "--carry-slowest"]).carry_slowest is True
     assert cli.parse_args([]).carry_slowest is False
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["-m", "esync", "--momentum", "0.9"], "argument --momentum: it is the SGD momentum of -m sync"),
+    (["-m", "sync", "--nesterov"], "argument --nesterov: -m sync's Nesterov form is of its "
+                                   "--momentum, which is 0"),
+    (["-m", "sync", "--momentum", "1"], "a momentum in [0, 1)"),
+    (["-m", "async", "-dcasgd", "2", "--momentum", "0.9", "--nesterov"],
+     "MXNet's DCASGD optimizer (-dcasgd 2) has no Nesterov form"),
+], ids=["esync", "nesterov-alone", "one", "mxnet-dcasgd"])
+def test_momentum_of_the_other_modes_refuses_what_cannot_work(argv, message):
+    from esync.common.errors import UsageError
+    with pytest.raises(UsageError, match=re.escape(message)):
+        cli.parse_args(argv)
+
+
+def test_the_other_modes_take_momentum_and_its_nesterov_form():
+    args = cli.parse_args(["-m", "sync", "--momentum", "0.9", "--nesterov"])
+    assert (args.momentum, args.nesterov) == (0.9, True)
+    assert cli.parse_args([]).momentum == 0.0              # the original's plain SGD
+
+
+def test_a_cluster_of_another_mode_gets_nesterov_only_when_asked(tmp_path, fashion_data_dir):
+    from esync.launch.flags import build_parser, parse
+    common = ["-ld", str(tmp_path), "-dd", str(fashion_data_dir), "--workers", "2", "-m", "sync",
+              "--momentum", "0.9"]
+    assert parse(build_parser(), common).nesterov is False
+    assert parse(build_parser(), [*common, "--nesterov"]).nesterov is True

@@ -73,10 +73,22 @@ class Outside:
 
 
 @dataclass(frozen=True)
+class InMode:
+    """Holds when ``by`` holds and the mode is ESync (``esync=True``) or another one: a flag
+    the other modes read otherwise (--nesterov shapes their --momentum)."""
+    by: "On | Off | Outside"
+    esync: bool
+
+    def holds(self, settings) -> bool:
+        return ((setting(settings, "mode") in (None, "esync")) == self.esync
+                and self.by.holds(settings))
+
+
+@dataclass(frozen=True)
 class Exclusion:
     """``by`` holding excludes the choice; ``fix`` says what to change (formatted with the
     settings' values: ``{mode}``, ``{comm_dtype}``)."""
-    by: On | Off | Outside
+    by: On | Off | Outside | InMode
     fix: str
 
 
@@ -105,11 +117,17 @@ NOT_PS = Outside("collective", lambda collective: collective != "ps")
 CHOICES = (
     Choice("outer_momentum", "--outer-momentum", "outer step", bool, "--outer-momentum 0"),
     Choice("outer_adam", "--outer-adam", "outer step", bool, "--no-outer-adam"),
+    # ESync's outer momentum's form; in the other modes their SGD --momentum's.
     Choice("nesterov", "--nesterov", "outer step", bool, "--no-nesterov", (
-        Exclusion(On("outer_adam"), "--outer-adam has no Nesterov form (its --outer-momentum is "
-                                    "Adam's beta1): give --no-outer-adam"),
-        Exclusion(Off("outer_momentum"), "it needs an --outer-momentum above 0; give one, as "
-                                         "DiLoCo's 0.9"),
+        Exclusion(InMode(On("outer_adam"), esync=True),
+                  "--outer-adam has no Nesterov form (its --outer-momentum is Adam's beta1): "
+                  "give --no-outer-adam"),
+        Exclusion(InMode(Off("outer_momentum"), esync=True),
+                  "it needs an --outer-momentum above 0; give one, as DiLoCo's 0.9"),
+        Exclusion(InMode(Outside("momentum", lambda momentum: not momentum), esync=False),
+                  "-m {mode}'s Nesterov form is of its --momentum, which is 0; give one, as 0.9"),
+        Exclusion(InMode(Outside("use_dcasgd", lambda variant: variant == 2), esync=False),
+                  "MXNet's DCASGD optimizer (-dcasgd 2) has no Nesterov form"),
     )),
     Choice("low_rank", "--low-rank", "wire", bool, "--low-rank 0", (
         Exclusion(NOT_ESYNC, "-m {mode} exchanges gradients or weights, not deltas; use -m esync"),
