@@ -67,10 +67,14 @@ def test_the_services_pod_runs_scheduler_server_state_server_and_evaluator(emitt
 
 
 def test_gpu_workers_request_one_gpu_each_and_cpu_workers_only_cpus(emitted):
+    """Real devices (GPU devices: slow-down 1, nothing emulated): a CPU worker pod asks for the
+    cores of a real CPU device, not an emulated one's single core."""
+    from esync.launch.backends.kubernetes import CPU_WORKER_CORES
     jobs = {j["metadata"]["name"]: j["spec"]["template"]["spec"]["containers"][0]["resources"]
             for j in objects(emitted, "Job")}
     assert (jobs["esync-workers-gpu"]["limits"], "limits" in jobs["esync-workers-cpu"],
-            jobs["esync-workers-cpu"]["requests"]["cpu"]) == ({"nvidia.com/gpu": "1"}, False, "1")
+            jobs["esync-workers-cpu"]["requests"]["cpu"]) == (
+        {"nvidia.com/gpu": "1"}, False, str(CPU_WORKER_CORES))
 
 
 def test_each_device_kind_is_one_indexed_job_with_a_pod_per_worker(emitted):
