@@ -55,7 +55,7 @@ def _split(text):
 
 
 def _speed_schedule(text):
-    from esync.common.speeds import ScheduleError, parse_speed_schedule
+    from esync.emulation.schedules import ScheduleError, parse_speed_schedule
     try:
         parse_speed_schedule(text)
     except ScheduleError as exc:

@@ -190,7 +190,7 @@ def wait_for_rounds(launcher, mode_dir, rounds, timeout=180):
 
 def _why_no_netns():
     """Why network-namespace tests cannot run here (not root, no iproute2), or None."""
-    import esync.launch.namespaces as netns
+    import esync.emulation.namespaces as netns
     try:
         netns.check_available()
     except netns.NetnsError as exc:

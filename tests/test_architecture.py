@@ -13,16 +13,17 @@ import pytest
 from support import REPO
 
 PACKAGE = REPO / "esync"
-WORLDS = ("common", "worker", "coordination", "launch", "analysis", "benchmark")
+WORLDS = ("common", "worker", "coordination", "emulation", "launch", "analysis", "benchmark")
 # Which worlds a world may import at load time (lazy imports inside functions are not counted).
 ALLOWED = {
     "common": {"common"},
-    "worker": {"common", "worker", "coordination"},
+    "worker": {"common", "worker", "coordination", "emulation"},
     "coordination": {"common", "coordination"},
-    "launch": {"common", "launch", "coordination", "cli"},
+    "emulation": {"common", "emulation"},
+    "launch": {"common", "launch", "coordination", "emulation", "cli"},
     "analysis": {"common", "analysis"},
-    "benchmark": {"common", "benchmark", "analysis", "launch"},
-    "cli": {"common"},
+    "benchmark": {"common", "benchmark", "analysis", "emulation", "launch"},
+    "cli": {"common", "emulation"},
 }
 LAYOUT_NAMES = ("iter-", "evaluations.jsonl", "checkpoints", "processes")
 

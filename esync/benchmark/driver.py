@@ -49,11 +49,11 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-import esync.benchmark.emulation as emulation
 import esync.benchmark.metrics as metrics
 import esync.benchmark.plan as plan
 import esync.benchmark.report as report
-import esync.benchmark.shaping as shaping
+import esync.emulation.shaping as shaping
+import esync.emulation.standalone_cap as emulation
 from esync.benchmark.options import (PROG, UsageError, canonical_command,
                                      describe_byclass_grid, parse_args, repeat_seeds)
 from esync.benchmark.plan import child_env

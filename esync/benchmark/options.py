@@ -691,7 +691,7 @@ def check_emulation(args, flags: set[str]) -> None:
     if args.no_cpu_pinning and "--no-cpu-pinning" in flags:
         args.emulation_argv.append("--no-cpu-pinning")
     if args.emulation == "cpu-cap":
-        from esync.benchmark.emulation import cgroups_unavailable
+        from esync.emulation.standalone_cap import cgroups_unavailable
         why = cgroups_unavailable()
         if why:
             raise UsageError(f"argument --emulation cpu-cap: {why}; use --emulation auto or "

@@ -10,9 +10,8 @@ from pathlib import Path
 
 from esync.benchmark import options
 from esync.common import modes
-from esync.common.procs import python_env
+from esync.common.procs import REPO, python_env
 
-REPO = Path(__file__).resolve().parents[2]
 MAIN = REPO / "main.py"
 # Checkpoint (and so evaluation) interval in rounds: a sync or ESync round waits for the slowest
 # device, an async "round" is one iteration of rank 0 (a fast device), so async checkpoints

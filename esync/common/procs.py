@@ -13,8 +13,11 @@ import signal
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
+# The checkout: the folder every child process of a job starts in (main.py is there).
+REPO = Path(__file__).resolve().parents[2]
 
 
 def python_env() -> dict[str, str]:

@@ -17,7 +17,7 @@ from esync.common.argtypes import (UsageParser, bounded_number, non_negative_int
 from esync.common.presets import PresetHelpFormatter
 from esync.common.errors import UsageError
 import esync.launch.remote as remote
-from esync.launch.backends.netns import add_network_args, layout_from_args
+from esync.emulation.hosts import add_network_args, layout_from_args
 
 STATE_SERVER_RESTARTS = 3        # a state server that keeps dying is a failure, not a blip
 LOCAL_ADDRESS = "127.0.0.1"       # the local backend's one host
@@ -182,7 +182,7 @@ def parse(parser, argv) -> argparse.Namespace:
         raise UsageError(f"--emulation cpu-cap caps processes on this machine: it needs "
                          f"--backend local, not --backend {args.backend}")
     if args.speed_schedule is not None:
-        from esync.common.speeds import ScheduleError, parse_speed_schedule
+        from esync.emulation.schedules import ScheduleError, parse_speed_schedule
         from esync.launch.roles import device_names
         try:
             parse_speed_schedule(args.speed_schedule,

@@ -20,7 +20,7 @@ from pathlib import Path
 from esync.common import runlayout
 from esync.common.errors import UsageError
 from esync.common.files import atomic_write_text
-from esync.common.speeds import parse_speed_schedule
+from esync.emulation.schedules import parse_speed_schedule
 from esync.launch.backends.base import Backend
 from esync.launch.resources import emulates_devices, visible_devices, worker_threads
 from esync.launch.roles import HOROVOD_CYCLE_MS, ClusterConfig, Hosts, device_names, plan_roles
@@ -121,7 +121,7 @@ class Launch:
         cores = self.cpu_cores()
         if getattr(self.args, "no_cpu_pinning", False) or all(c is None for c in cores):
             return [None] * len(cores)
-        from esync.launch.cgroups import place_on_cpus
+        from esync.emulation.cgroups import place_on_cpus
         return place_on_cpus(cores, os.sched_getaffinity(0))
 
     def placement(self) -> list[dict]:

@@ -273,14 +273,14 @@ class DeviceSpeed:
     only records F."""
 
     def __init__(self, args, device: str):
-        from esync.common.speeds import parse_speed_schedule
+        from esync.emulation.schedules import parse_speed_schedule
         self.base = args.slowdown
         self.sleeps = getattr(args, "emulation", "sleep") == "sleep"
         schedule = getattr(args, "speed_schedule", None)
         self.changes = parse_speed_schedule(schedule).get(device, []) if schedule else []
 
     def factor(self, elapsed: float) -> float:
-        from esync.common.speeds import factor_in_force
+        from esync.emulation.schedules import factor_in_force
         return factor_in_force(self.changes, elapsed, initial=self.base)
 
     def sleep_factor(self, elapsed: float) -> float:
