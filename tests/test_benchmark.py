@@ -373,7 +373,7 @@ def test_defaults(data_dir, tmp_path, full_launcher):
     assert args.byclass_budget == 120.0
     assert (args.scenario_list, args.emulation, args.cpu_share) == (
         ["static", "shifting"], "auto", None)
-    assert plan.sync_cap(args) == 100.0
+    assert options.sync_cap(args) == 100.0
 
 
 # ----------------------------------------------------------------------------- planning

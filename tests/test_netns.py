@@ -1,4 +1,5 @@
-"""Emulated hosts in network namespaces (esync.emulation.namespaces) and ps-lite's interface choice (esync.common.netif).
+"""Emulated hosts in network namespaces (esync.emulation.namespaces) and ps-lite's interface
+choice (esync.common.netif).
 
 The namespace tests need root and iproute2 (scripts/test.sh installs it when root); they skip,
 saying why, only where that is impossible. Every topology a test creates is removed by a

@@ -213,7 +213,7 @@ def _per_worker_local_iters(values: tuple[int, ...], workers: int) -> tuple[int,
 
 
 def check_before_start(args) -> None:
-    from esync.worker.data import FASHION_FILES, FASHION_SUBDIR
+    from esync.common.catalog import FASHION_FILES, FASHION_SUBDIR
     folder = Path(args.data_dir) / FASHION_SUBDIR
     missing = [f for pair in FASHION_FILES.values() for f in pair if not (folder / f).exists()]
     if missing:
@@ -236,7 +236,7 @@ def check_before_start(args) -> None:
         raise UsageError(f"{folder} already holds logs of an earlier run; choose another "
                              "--log-dir, or pass --overwrite (replace) or --resume (continue)")
     if args.resume:
-        from esync.worker.checkpoint import CheckpointError, CheckpointStore
+        from esync.common.checkpoint import CheckpointError, CheckpointStore
         try:
             found = CheckpointStore(runlayout.checkpoints_dir(folder)).latest(network=args.network)
         except CheckpointError as exc:
