@@ -35,6 +35,16 @@ def python_env() -> dict[str, str]:
     return env
 
 
+def process_start_time(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot (None: no such process): with
+    the pid, it names one process, since a pid is reused once its process is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
 def kill_group(proc_or_pid: subprocess.Popen | int, sig: int = signal.SIGKILL) -> None:
     """Send ``sig`` to the process group led by ``proc_or_pid``; a group already gone is fine."""
     pid = proc_or_pid if isinstance(proc_or_pid, int) else proc_or_pid.pid

@@ -88,6 +88,7 @@ from pathlib import Path
 
 from esync.common import runlayout
 from esync.common.errors import UsageError
+from esync.common.procs import process_start_time
 from esync.emulation.schedules import DEVICE_RE     # also never a cgroup file's name
 
 PREFIX = "esync"
@@ -281,17 +282,8 @@ def _controller(controller: CpuController | None) -> CpuController:
 
 # --- owners ---------------------------------------------------------------------------------------
 
-def _start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (tells a reused pid apart)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
-
-
 def _owner_alive(pid: int, start: int) -> bool:
-    return _start_time(pid) == start
+    return process_start_time(pid) == start
 
 
 # --- quotas ---------------------------------------------------------------------------------------
@@ -508,7 +500,7 @@ class CpuCaps:
         if cfs_slice is not None:
             cfs_slice.restore(self.controller.root)      # what a SIGKILLed launcher left
         pid = os.getpid()
-        self.path = self.controller.root / f"{PREFIX}-{pid}.{_start_time(pid)}.{next(_instances)}"
+        self.path = self.controller.root / f"{PREFIX}-{pid}.{process_start_time(pid)}.{next(_instances)}"
         self._groups: dict[str, Path] = {}
         self._lock = threading.Lock()
         self._closed = False

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from esync.common.errors import UsageError
+from esync.common.procs import process_start_time
 
 PREFIX = "esy"
 SWITCH = "sw"                     # the bridge's namespace suffix (not a valid host name)
@@ -106,12 +107,9 @@ def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
 
 
 def _start_time(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (tells a reused pid apart)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]
+    """``process_start_time`` as the owner records keep it (a string)."""
+    start = process_start_time(pid)
+    return None if start is None else str(start)
 
 
 def namespaces() -> list[str]:
