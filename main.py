@@ -7,7 +7,7 @@ See README.md and ``python main.py --help``.
 """
 import sys
 
-from esync.cli import main
+from esync.entry import main
 
 if __name__ == "__main__":
     sys.exit(main())

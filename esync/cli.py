@@ -1,12 +1,7 @@
 """Command line of ``main.py``: the original ESync's flags (defaults from ``config.py``) plus ours.
 
-One entry point for every role, chosen by ``DMLC_ROLE``:
-
-    python main.py -m local -c 1 -n lenet -l 0.05 -e 100            # standalone, no cluster
-    DMLC_ROLE=scheduler DMLC_PS_ROOT_URI=10.1.1.34 DMLC_PS_ROOT_PORT=9091 \\
-        DMLC_NUM_SERVER=1 DMLC_NUM_WORKER=6 python main.py            # likewise server
-    DMLC_ROLE=worker ...same DMLC_* variables... python main.py -m esync -g 0 -n resnet18-v1
-    DMLC_ROLE=evaluator python main.py -m esync -n resnet18-v1        # scores checkpoints
+The flags only: ``esync.entry`` runs the role they start, and the launcher builds its own
+command line on these groups, so nothing here imports the worker (or MXNet).
 
 Bad values end with one ``error:`` line naming the flag, never a traceback.
 """
@@ -20,12 +15,13 @@ import config
 from esync.common import esync_parts
 from esync.common.argtypes import (UsageParser, bounded_number, fraction, non_negative_float,
                                    non_negative_int, port, positive_float, positive_int, typed)
-from esync.common.errors import UsageError, guarded
-from esync.common.modes import AGGREGATION_RULES, COMM_DTYPES
+from esync.common.catalog import NETWORKS
+from esync.common.collectives import COLLECTIVES
+from esync.common.errors import UsageError
+from esync.common.modes import AGGREGATION_RULES, COMM_DTYPES, SPLIT_VALUES, SPLITS
 from esync.common.runlayout import ROUND_LOG_PATTERN
 
 DMLC_ROLES = ("scheduler", "server", "worker", "evaluator")
-COLLECTIVES = ("ps", "allreduce")
 
 
 _slowdown = bounded_number(float, low=1, must=">= 1 (a device F times slower)")
@@ -51,14 +47,14 @@ def _dcasgd(text):
 
 
 def _split(text):
-    from esync.worker.data import SPLITS
-    if text not in {str(k) for k in SPLITS}:
-        raise argparse.ArgumentTypeError(f"must be {', '.join(map(str, SPLITS))}, got {text}")
+    if text not in {str(k) for k in SPLIT_VALUES}:
+        raise argparse.ArgumentTypeError(f"must be {', '.join(map(str, SPLIT_VALUES))}, got "
+                                         f"{text}")
     return int(text)
 
 
 def _speed_schedule(text):
-    from esync.common.speeds import ScheduleError, parse_speed_schedule
+    from esync.emulation.schedules import ScheduleError, parse_speed_schedule
     try:
         parse_speed_schedule(text)
     except ScheduleError as exc:
@@ -110,8 +106,6 @@ def _epsilon(text):
 
 def add_training_args(parser: argparse.ArgumentParser) -> None:
     """The original ESync's flags, same short and long names, defaults from config.py."""
-    from esync.worker.data import SPLITS
-    from esync.worker.models import NETWORKS
     g = parser.add_argument_group("training (the original ESync's flags)")
     g.add_argument("-l", "--learning-rate", type=positive_float, default=config.learning_rate,
                    help="SGD learning rate of sync, async, dcasgd and local modes; as in the "
@@ -165,7 +159,7 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
                         "2(N-1)/N x the model per exchange; workers started by horovodrun or "
                         "esync-cluster)")
     g.add_argument("-s", "--split-by-class", type=_split, default=config.split_by_class,
-                   help="; ".join(f"{k}: {v}" for k, v in SPLITS.items()))
+                   help="; ".join(f"{s.value}: {s.description}" for s in SPLITS))
     g.add_argument("-ip", "--state-server-ip", default=config.state_server_ip,
                    help="ESync state server host")
     g.add_argument("-port", "--state-server-port", type=port,
@@ -413,60 +407,3 @@ def dmlc_environment(role: str, env=os.environ) -> dict:
                              + ("a port number 1-65535" if name.endswith("PORT")
                                 else "a positive integer"))
     return values
-
-
-def main(argv=None) -> int:
-    role = os.environ.get("DMLC_ROLE", "")
-    try:
-        if "--explain" in (sys.argv[1:] if argv is None else argv):
-            return _explain(parse_args(argv), role)
-        if role:
-            dmlc_environment(role)
-        if role in ("scheduler", "server", "worker"):
-            from esync.common.netif import choose_dmlc_interface
-            choose_dmlc_interface()     # the interface that routes to the scheduler, if unset
-        if role == "evaluator":
-            # MXNet starts a ps-lite server at import for any DMLC_ROLE other than worker; the
-            # evaluator is no ps-lite node, so the variable must be gone before MXNet loads.
-            os.environ.pop("DMLC_ROLE")
-        if role in ("scheduler", "server"):
-            # Importing MXNet with these roles runs ps-lite's loop and exits when the job ends.
-            import mxnet  # noqa: F401
-            return 0
-        args = parse_args(argv)
-        if role == "evaluator":
-            return _run_evaluator(args)
-        if args.collective == "allreduce":
-            from esync.common.netif import choose_gloo_interface
-            from esync.worker.allreduce import check_environment
-            check_environment()
-            choose_gloo_interface()     # the interface that routes to the rendezvous, if unset
-        elif not role and args.mode != "local":
-            raise UsageError(f"-m {args.mode} needs the parameter server: start the roles with "
-                             "DMLC_ROLE=scheduler|server|worker (see README), or run the whole "
-                             "cluster with `esync-cluster`; use -m local for one device")
-        if role == "worker" and args.mode == "local":
-            raise UsageError("-m local runs without a cluster: unset DMLC_ROLE")
-        from esync.worker import trainer
-        return trainer.run(args)
-    except UsageError as exc:
-        print(f"main.py: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("main.py: interrupted", file=sys.stderr)
-        return 130
-
-
-def _explain(args, role: str) -> int:
-    """Print the resolved run; start, import and contact nothing."""
-    from esync.common import presets
-    print(presets.explain(args.resolution, build_parser(), values=vars(args),
-                          extra=[("role", f"DMLC_ROLE={role}" if role else
-                                  "none (standalone: -m local)")]))
-    return 0
-
-
-def _run_evaluator(args) -> int:
-    from esync.common import runlayout
-    from esync.worker import evaluator
-    return guarded(lambda: evaluator.run(args, runlayout.mode_dir(args)))

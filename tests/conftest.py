@@ -54,7 +54,8 @@ def sigint_as_at_a_terminal():
 
 
 # data fixtures ---------------------------------------------------------------------------------
-# Small, learnable stand-ins for Fashion-MNIST written as real IDX files (esync.worker.data reads them).
+# Small, learnable stand-ins for Fashion-MNIST written as real IDX files (esync.common.dataset
+# reads them).
 
 
 @pytest.fixture
@@ -122,7 +123,8 @@ def real_fashion_dir():
 @pytest.fixture(scope="session")
 def real_fashion_subset(real_fashion_dir, tmp_path_factory):
     """A data_dir with the first 3000 train and 1000 test images of the real Fashion-MNIST."""
-    from esync.worker.data import FASHION_FILES, load_fashion_mnist, write_idx
+    from esync.common.catalog import FASHION_FILES
+    from esync.common.dataset import load_fashion_mnist, write_idx
 
     data_dir = tmp_path_factory.mktemp("real-fashion-subset")
     folder = data_dir / "fashion-mnist"

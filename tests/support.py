@@ -16,7 +16,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 
 
-# Small, learnable stand-ins for Fashion-MNIST written as real IDX files (esync.worker.data reads them).
+# Small, learnable stand-ins for Fashion-MNIST written as real IDX files (esync.common.dataset
+# reads them).
 
 def make_fashion_arrays(per_class, seed=0):
     """(uint8 images [10*per_class, 28, 28], uint8 labels), classes shuffled together.
@@ -34,7 +35,8 @@ def make_fashion_arrays(per_class, seed=0):
 
 def write_fashion_dir(data_dir, *, train_per_class=20, test_per_class=10, seed=0):
     """Write the four Fashion-MNIST IDX files in ``<data_dir>/fashion-mnist/``; return data_dir."""
-    from esync.worker.data import FASHION_FILES, write_idx
+    from esync.common.catalog import FASHION_FILES
+    from esync.common.dataset import write_idx
 
     folder = Path(data_dir) / "fashion-mnist"
     folder.mkdir(parents=True, exist_ok=True)
@@ -190,7 +192,7 @@ def wait_for_rounds(launcher, mode_dir, rounds, timeout=180):
 
 def _why_no_netns():
     """Why network-namespace tests cannot run here (not root, no iproute2), or None."""
-    import esync.launch.namespaces as netns
+    import esync.emulation.namespaces as netns
     try:
         netns.check_available()
     except netns.NetnsError as exc:

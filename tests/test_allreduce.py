@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from support import device_logs, processes_of, write_fashion_dir
-from esync.worker.checkpoint import CheckpointStore
+from esync.common.checkpoint import CheckpointStore
 from test_launch import quiet, wait_for_rounds, worker_pid
 
 pytestmark = pytest.mark.skipif(

@@ -19,8 +19,9 @@ import pytest
 from support import write_fashion_dir
 from esync import benchmark
 from esync.analysis import summary as summary_mod
-from esync.benchmark import (emulation, metrics, options, pace, plan, report, runs, shaping,
-                             stats)
+from esync.benchmark import metrics, options, pace, plan, report, runs, stats
+from esync.emulation import shaping
+from esync.emulation import standalone_cap as emulation
 from esync.common import runlayout
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "analysis"))
@@ -372,7 +373,7 @@ def test_defaults(data_dir, tmp_path, full_launcher):
     assert args.byclass_budget == 120.0
     assert (args.scenario_list, args.emulation, args.cpu_share) == (
         ["static", "shifting"], "auto", None)
-    assert plan.sync_cap(args) == 100.0
+    assert options.sync_cap(args) == 100.0
 
 
 # ----------------------------------------------------------------------------- planning
@@ -1466,7 +1467,7 @@ def test_cpu_cap_asked_for_where_impossible_names_why(data_dir, tmp_path, full_l
 
 
 class FakeCgroups:
-    """esync.launch.cgroups's API, recording what the benchmark asks of it."""
+    """esync.emulation.cgroups's API, recording what the benchmark asks of it."""
     ONE_COMPUTE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 
     class CgroupsUnavailable(Exception):
@@ -1580,11 +1581,11 @@ def test_a_missing_cgroups_module_means_no_caps(monkeypatch):
     real = builtins.__import__
 
     def no_cgroups(name, *a, **k):
-        if name == "esync.launch.cgroups":
-            raise ImportError("No module named 'esync.launch.cgroups'")
+        if name == "esync.emulation.cgroups":
+            raise ImportError("No module named 'esync.emulation.cgroups'")
         return real(name, *a, **k)
     monkeypatch.setattr(builtins, "__import__", no_cgroups)
-    assert "no usable esync.launch.cgroups" in emulation.cgroups_unavailable()
+    assert "no usable esync.emulation.cgroups" in emulation.cgroups_unavailable()
 
 
 def test_run_job_starts_the_program_behind_its_prefix(tmp_path):

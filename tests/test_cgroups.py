@@ -1,4 +1,4 @@
-"""CPU caps per emulated device (esync.launch.cgroups): quotas, clean-up, schedules.
+"""CPU caps per emulated device (esync.emulation.cgroups): quotas, clean-up, schedules.
 
 The cap tests run on the machine's real cgroup filesystem and skip, saying why, only when this
 is impossible (not root, or no cgroup cpu controller). They compare CPU time that busy loops
@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from esync.launch import cgroups
-from esync.common.speeds import (ScheduleError, factor_in_force, next_change,
-                                 parse_speed_schedule)
-from esync.launch.cgroups import (FINE_SLICE_US, CfsSlice, CgroupError, CpuCaps,
-                                  CpuController, default_share, find_cpu_controller, quota_for,
-                                  remove_stale)
+from esync.emulation import cgroups
+from esync.emulation.cgroups import (FINE_SLICE_US, CfsSlice, CgroupError, CpuCaps,
+                                     CpuController, default_share, find_cpu_controller,
+                                     quota_for, remove_stale)
+from esync.emulation.schedules import (ScheduleError, factor_in_force, next_change,
+                                       parse_speed_schedule)
 from support import REPO
 
 # A busy loop that prints "<monotonic seconds> <own CPU seconds since the loop began>" every
@@ -236,7 +236,7 @@ def test_groups_are_removed_when_the_with_block_raises(controller):
 
 OWNER = r"""
 import os, subprocess, time
-from esync.launch.cgroups import CpuCaps
+from esync.emulation.cgroups import CpuCaps
 caps = CpuCaps()
 caps.cap("cpu0", 0.5)
 caps.cap("cpu1", 0.3)
@@ -667,12 +667,12 @@ def test_a_worker_leaves_its_cap_with_every_thread_once_training_is_over(caps, p
     ([], [0], []),
 ])
 def test_devices_are_placed_on_the_least_loaded_cpu_largest_caps_first(cores, cpus, placed):
-    from esync.launch.cgroups import place_on_cpus
+    from esync.emulation.cgroups import place_on_cpus
     assert place_on_cpus(cores, cpus) == placed
 
 
 def test_placing_devices_without_any_cpu_is_refused():
-    from esync.launch.cgroups import place_on_cpus
+    from esync.emulation.cgroups import place_on_cpus
     with pytest.raises(ValueError, match="no CPU"):
         place_on_cpus([0.5], [])
 

@@ -1,4 +1,4 @@
-"""Tests of esync.worker.checkpoint: round trips, validation, and atomic writes under SIGKILL."""
+"""Tests of esync.common.checkpoint: round trips, validation, and atomic writes under SIGKILL."""
 import json
 import random
 import signal
@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from esync.worker.checkpoint import CheckpointError, CheckpointStore
+from esync.common.checkpoint import CheckpointError, CheckpointStore
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -135,7 +135,7 @@ def test_done_marker_round_trip(tmp_path):
 SAVER = r"""
 import sys
 import numpy as np
-from esync.worker.checkpoint import CheckpointStore
+from esync.common.checkpoint import CheckpointStore
 
 store = CheckpointStore(sys.argv[1])
 cycle = int(sys.argv[2])

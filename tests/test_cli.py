@@ -12,8 +12,7 @@ import pytest
 import config
 from esync import cli
 from esync.common.errors import UsageError
-from esync.worker.data import FASHION_FILES
-from esync.worker.models import NETWORKS
+from esync.common.catalog import FASHION_FILES, NETWORKS
 
 
 def error_line(result, *, prefix=r"(main\.py: )?error: "):

@@ -18,7 +18,7 @@ SHIFT_AT = 10.0           # seconds of training when cpu0 becomes as slow as cpu
 
 
 def _controller_or_skip():
-    from esync.launch.cgroups import find_cpu_controller
+    from esync.emulation.cgroups import find_cpu_controller
     found = find_cpu_controller()
     if isinstance(found, str):
         pytest.skip(f"no usable cgroup cpu controller: {found}")
@@ -99,7 +99,7 @@ def test_the_run_records_its_emulation_and_pins_each_device_to_its_shard(capped_
     cluster = json.loads((mode_dir / "cluster.json").read_text())
     assert cluster["emulation"] == "cpu-cap"
     assert cluster["cpu_share"] == 0.4
-    from esync.launch.cgroups import FINE_SLICE_US, CfsSlice
+    from esync.emulation.cgroups import FINE_SLICE_US, CfsSlice
     kernel = CfsSlice()
     if kernel.read() is not None:        # the caps ran with the fine slice where it can be set
         fine = os.access(kernel.path, os.W_OK)
@@ -108,7 +108,7 @@ def test_the_run_records_its_emulation_and_pins_each_device_to_its_shard(capped_
     placement = cluster["placement"]
     assert [(p["device"], p["shard"], p["cpu_cores"]) for p in placement] == [
         ("cpu0", 0, 0.4), ("cpu1", 1, 0.1)]
-    from esync.launch.cgroups import place_on_cpus       # each computes on one CPU
+    from esync.emulation.cgroups import place_on_cpus       # each computes on one CPU
     assert [p["cpu"] for p in placement] == place_on_cpus([0.4, 0.1], os.sched_getaffinity(0))
     for entry in placement:
         logs = [r[3] for r in _iterations(mode_dir / entry["host"] / entry["device"])]
@@ -120,7 +120,7 @@ def test_the_run_records_its_emulation_and_pins_each_device_to_its_shard(capped_
 def test_no_cgroup_is_left_after_a_normal_end(capped_run):
     controller = _controller_or_skip()
     assert [p for p in controller.root.glob("esync-*") if p.is_dir()] == []
-    from esync.launch.cgroups import CfsSlice
+    from esync.emulation.cgroups import CfsSlice
     assert not CfsSlice().saved.exists(), "the kernel's CFS bandwidth slice was not restored"
 
 

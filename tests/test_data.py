@@ -1,4 +1,4 @@
-"""Tests of esync.worker.data on real IDX files written to tmp_path."""
+"""Tests of esync.common.dataset and esync.worker.data on real IDX files written to tmp_path."""
 import gzip
 import os
 
@@ -6,9 +6,11 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from esync.worker.data import (CLASS_SORTED, FASHION_FILES, IID, BatchStream, DataError,
-                               iterate_batches, load_fashion_mnist, partition, read_idx,
-                               training_shard, write_idx)
+from esync.common.catalog import FASHION_FILES
+from esync.common.dataset import (DataError, load_fashion_mnist, partition, read_idx,
+                                  training_shard, write_idx)
+from esync.common.modes import CLASS_SORTED, IID
+from esync.worker.data import BatchStream, iterate_batches
 
 
 def _header(type_code, shape):

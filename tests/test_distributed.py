@@ -7,9 +7,10 @@ import pytest
 from mxnet import autograd, gluon
 
 from support import device_logs, processes_mentioning, run_cluster, write_fashion_dir
+from esync.common import dataset
 from esync.worker import data, models
 from esync.worker.algorithms.async_ import DCASGD_LAMBDA
-from esync.worker.checkpoint import CheckpointStore
+from esync.common.checkpoint import CheckpointStore
 from esync.coordination.rules import plan_round
 
 LR, BATCH, STEPS, SEED = 0.0125, 8, 3, 1     # LR x the batch-summed gradient (0.1 on the mean)
@@ -19,8 +20,8 @@ class Replica:
     """One worker of the original algorithms, in process: its own copy of the model and its shard."""
 
     def __init__(self, data_dir, network, workers, rank, batch):
-        images, labels = data.load_fashion_mnist(data_dir, "train")
-        index = data.partition(labels, workers, rank, seed=SEED)
+        images, labels = dataset.load_fashion_mnist(data_dir, "train")
+        index = dataset.partition(labels, workers, rank, seed=SEED)
         self.stream = data.BatchStream(images[index], labels[index], batch,
                                        models.input_size(network), mx.cpu(),
                                        seed=SEED * 1000 + rank)
@@ -126,7 +127,7 @@ def server_replay(data_dir, steps, lr, dc_lambda=0.0, batch=16):
 
 def untrained_accuracy(data_dir):
     from esync.worker.evaluator import accuracy
-    images, labels = data.load_fashion_mnist(data_dir, "test")
+    images, labels = dataset.load_fashion_mnist(data_dir, "test")
     return accuracy(models.build("lenet", mx.cpu(), seed=SEED), images, labels, mx.cpu(), 28)
 
 

@@ -20,8 +20,9 @@ def test_trainer_imports_without_the_command_line_module():
     assert done.stdout.strip() == "False", done.stderr
 
 
-@pytest.mark.parametrize("error", ["esync.worker.data.DataError", "esync.worker.measure.LogDirError",
-                                   "esync.worker.checkpoint.CheckpointError",
+@pytest.mark.parametrize("error", ["esync.common.dataset.DataError",
+                                   "esync.worker.measure.LogDirError",
+                                   "esync.common.checkpoint.CheckpointError",
                                    "esync.worker.models.UnknownNetworkError",
                                    "esync.coordination.client.StateServerError"])
 def test_every_module_error_a_user_can_fix_is_a_user_error(error):

@@ -9,7 +9,7 @@ import pytest
 from support import write_fashion_dir
 from esync import cli
 from esync.worker import evaluator, models
-from esync.worker.checkpoint import CheckpointStore
+from esync.common.checkpoint import CheckpointStore
 
 ROUNDS = (10, 20, 30, 40, 50)
 

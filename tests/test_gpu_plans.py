@@ -79,7 +79,7 @@ def test_an_emulated_run_keeps_one_thread_per_worker(tmp_path, monkeypatch):
 
 def test_real_devices_never_ask_for_cpu_caps(tmp_path, monkeypatch):
     """At slow-down 1 the caps are not even tried: no cgroup, no warning."""
-    from esync.launch import cgroups
+    from esync.emulation import cgroups
 
     def no_caps_wanted():
         raise AssertionError("CPU caps made for real devices")

@@ -283,13 +283,13 @@ def test_cluster_json_names_each_devices_shard_and_its_classes(tmp_path, fashion
 
 
 def _no_cgroups(*args, **kwargs):
-    from esync.launch.cgroups import CgroupsUnavailable
+    from esync.emulation.cgroups import CgroupsUnavailable
     raise CgroupsUnavailable("CPU caps need root to create cgroups")
 
 
 def test_without_cgroups_auto_falls_back_to_sleeping_with_one_warning(tmp_path, monkeypatch,
                                                                      capsys):
-    from esync.launch import cgroups
+    from esync.emulation import cgroups
     from esync.launch.backends import local
     monkeypatch.setattr(cgroups, "CpuCaps", _no_cgroups)
     args = build_parser().parse_args(["-ld", str(tmp_path), "--workers", "2"])
@@ -301,7 +301,7 @@ def test_without_cgroups_auto_falls_back_to_sleeping_with_one_warning(tmp_path, 
 
 def test_without_cgroups_an_explicit_cpu_cap_is_an_error(tmp_path, monkeypatch):
     from esync.common.errors import UsageError
-    from esync.launch import cgroups
+    from esync.emulation import cgroups
     from esync.launch.backends import local
     monkeypatch.setattr(cgroups, "CpuCaps", _no_cgroups)
     args = build_parser().parse_args(["-ld", str(tmp_path), "--workers", "2",

@@ -1,4 +1,5 @@
-"""Emulated hosts in network namespaces (esync.launch.namespaces) and ps-lite's interface choice (esync.common.netif).
+"""Emulated hosts in network namespaces (esync.emulation.namespaces) and ps-lite's interface
+choice (esync.common.netif).
 
 The namespace tests need root and iproute2 (scripts/test.sh installs it when root); they skip,
 saying why, only where that is impossible. Every topology a test creates is removed by a
@@ -15,7 +16,7 @@ import time
 import pytest
 
 from esync.common import netif
-import esync.launch.namespaces as netns
+import esync.emulation.namespaces as netns
 from support import REPO, needs_netns
 
 
@@ -125,7 +126,7 @@ def test_remove_leaves_no_namespace(topology):
 @needs_netns
 def test_topology_of_a_killed_owner_is_removed_by_the_next_one(topology):
     owner = subprocess.run([sys.executable, "-c",
-                            "import os, signal; import esync.launch.namespaces as netns; "
+                            "import os, signal; import esync.emulation.namespaces as netns; "
                             "t = netns.Topology([netns.EmulatedHost('ps'), netns.EmulatedHost('host0')]).create(); "
                             "print(t.tag, flush=True); os.kill(os.getpid(), signal.SIGKILL)"],
                            cwd=REPO, capture_output=True, text=True, timeout=60)

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from esync import launch
-import esync.launch.namespaces as netns
+import esync.emulation.namespaces as netns
 from support import REPO, device_logs, needs_netns, processes_mentioning, write_fashion_dir
 
 RATE = 20_000_000          # bits/s: 20mbit

@@ -5,7 +5,7 @@ import pytest
 from esync import cli
 from esync.worker import trainer
 from esync.worker.algorithms import mode_dir_name
-from esync.worker.data import load_fashion_mnist
+from esync.common.dataset import load_fashion_mnist
 
 WORKERS, BATCH = 2, 8
 
@@ -37,7 +37,7 @@ def test_s2_reshuffles_the_same_class_block_inside_the_shard(fashion_data_dir):
 
 
 def test_s1_and_s2_shards_hold_the_same_samples(fashion_data_dir):
-    from esync.worker.data import training_shard
+    from esync.common.dataset import training_shard
     _, labels = load_fashion_mnist(fashion_data_dir, "train")
     ordered, _ = training_shard(labels, WORKERS, 1, 1)
     shuffled, _ = training_shard(labels, WORKERS, 1, 2)

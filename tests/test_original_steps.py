@@ -170,11 +170,11 @@ def overlapped_steps(tmp_path_factory):
 def _checkpoint_scores(steps: FourSteps) -> list[tuple[int, float]]:
     """(round, test accuracy) of every checkpoint rank 0 wrote, scored as the evaluator does."""
     import mxnet as mx
-    from esync.common import runlayout
-    from esync.worker import data, models
-    from esync.worker.checkpoint import CheckpointStore
+    from esync.common import dataset, runlayout
+    from esync.common.checkpoint import CheckpointStore
+    from esync.worker import models
     from esync.worker.evaluator import accuracy, load_into
-    images, labels = data.load_fashion_mnist(steps.data_dir, "test")
+    images, labels = dataset.load_fashion_mnist(steps.data_dir, "test")
     net = models.build("lenet", mx.cpu(), seed=0)
     store = CheckpointStore(runlayout.checkpoints_dir(steps.mode_dir))
     scores = []

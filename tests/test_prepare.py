@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from esync.worker.data import ALL_FASHION_FILES, FASHION_FILES, DataError, load_fashion_mnist, write_idx
+from esync.common.catalog import ALL_FASHION_FILES, FASHION_FILES
+from esync.common.dataset import DataError, load_fashion_mnist, write_idx
 from esync.worker.prepare import MANIFEST, prepare
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -4,9 +4,10 @@
     esync-benchmark --dry-run            # the plan, its time estimate and every command
 
 The program is ``driver.py`` (its docstring says what runs in which order); ``options`` (command
-line), ``plan`` (rows, settings, runs), ``emulation`` (CPU caps, what ran), ``shaping`` (the shaped
-link rate), ``runs`` (subprocesses), ``metrics`` and ``stats`` (numbers), ``pace`` (the repeats'
-spread and the machine's speed in each run), ``report`` (report.md, benchmark.json, figures).
+line), ``plan`` (rows, settings, runs), ``runs`` (subprocesses), ``metrics`` and ``stats``
+(numbers), ``pace`` (the repeats' spread and the machine's speed in each run), ``report``
+(report.md, benchmark.json, figures). The standalone run's CPU cap, what emulation ran and the
+shaped link rate are the emulation world's (``esync.emulation.standalone_cap``, ``.shaping``).
 """
 from esync.benchmark import report
 from esync.benchmark.driver import main

@@ -49,13 +49,13 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-import esync.benchmark.emulation as emulation
 import esync.benchmark.metrics as metrics
 import esync.benchmark.plan as plan
 import esync.benchmark.report as report
-import esync.benchmark.shaping as shaping
+import esync.emulation.shaping as shaping
+import esync.emulation.standalone_cap as emulation
 from esync.benchmark.options import (PROG, UsageError, canonical_command,
-                                     describe_byclass_grid, parse_args, repeat_seeds)
+                                     describe_byclass_grid, parse_args, repeat_seeds, sync_cap)
 from esync.benchmark.plan import child_env
 from esync.benchmark.runs import Progress, run_job, tail
 
@@ -125,7 +125,7 @@ def describe_plan(args, tune_jobs, jobs, settings, confirming=()) -> list[str]:
              f"{len(first)} ({per}) of {args.budget:g} s"
              + (f" ({args.byclass_budget:g} s by class)" if any(args.splits) else "")
              + (f"; SSGD's {extended} i.i.d. run(s) per repeat until "
-                f"{plan.sync_target(args):.2f} or {plan.sync_cap(args):g} s"
+                f"{plan.sync_target(args):.2f} or {sync_cap(args):g} s"
                 if extended else ""))
     est = plan.estimate([*tune_jobs, *confirming, *jobs])
     o = plan.OVERHEAD_S

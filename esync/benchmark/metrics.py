@@ -10,7 +10,8 @@ from esync.analysis.summary import LogError, device_entries, load_summary, write
 from esync.analysis.table import (accuracy_series, cluster_totals, mean_std,
                                   time_to_accuracy)
 from esync.benchmark import stats
-from esync.benchmark.plan import Job, row_budget, sync_cap
+from esync.benchmark.options import sync_cap
+from esync.benchmark.plan import Job, row_budget
 
 __all__ = ["mean_std", "physical_limit", "run_metrics", "x1_seconds_per_sample", "summarise",
            "best_learning_rates", "results"]

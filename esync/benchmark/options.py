@@ -76,6 +76,13 @@ DEFAULT_TUNE_BUDGET = 10.0
 BYCLASS_TUNE_FACTOR = 4.0
 BYCLASS_BUDGET_FACTOR = 3.0
 DEFAULT_REPEATS = 3
+# SSGD's i.i.d. runs may go on to this many budgets to reach the target (Table 1's speedup). At
+# its tuned 0.003 SSGD reached 0.80 in 62.5 s on loopback (an earlier default benchmark, in the
+# git history; docs/BENCHMARK.md "Table 1"); 2.5 budgets (100 s at the default 40) give it a
+# fair chance, and the default's cost stays bounded (6 runs x 60 s more; 3 budgets no longer
+# fit 100 minutes once the best tuning rates are confirmed with a second seed); where it still
+# falls short the speedup is a lower bound.
+SYNC_CAP_BUDGETS = 2.5
 # --data names of the splits (-s values); "both" is i.i.d. and by class, the default.
 DATA_SPLITS = {"iid": 0, "by-class": 1, "by-class-shuffled": 2}
 DATA_ALIASES = {"both": "iid,by-class"}
@@ -562,11 +569,11 @@ def parse_args(argv) -> argparse.Namespace:
                                                                          "--bandwidth")
     args.server_rate = (None if args.server_bandwidth == "auto"
                         else parse_rates(args.server_bandwidth, "--server-bandwidth")[0])
-    from esync.worker.models import NETWORKS
+    from esync.common.catalog import NETWORKS
     if args.network not in NETWORKS:
         raise UsageError(f"argument -n/--network: {args.network!r} is not a network; choose "
                          f"one of {', '.join(NETWORKS)}")
-    from esync.worker.data import FASHION_FILES, FASHION_SUBDIR
+    from esync.common.catalog import FASHION_FILES, FASHION_SUBDIR
     folder = Path(args.data_dir) / FASHION_SUBDIR
     missing = [f for pair in FASHION_FILES.values() for f in pair if not (folder / f).exists()]
     if missing:
@@ -585,7 +592,7 @@ def parse_args(argv) -> argparse.Namespace:
 
 
 def parse_collectives(text: str) -> list[str]:
-    from esync.cli import COLLECTIVES
+    from esync.common.collectives import COLLECTIVES
     names = list(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
     bad = [n for n in names if n not in COLLECTIVES]
     if bad or not names:
@@ -650,7 +657,7 @@ def check_launcher_support(args) -> None:
         if not any("allreduce" in modes.get(m).collectives for m in args.mode_list):
             raise UsageError(f"argument --collectives: --modes {','.join(args.mode_list)} has "
                              "no mode that runs over the allreduce (esync, sync)")
-        from esync.worker.allreduce import horovod_missing
+        from esync.common.collectives import horovod_missing
         why = horovod_missing()
         if why:
             raise UsageError(f"argument --collectives allreduce: {why}")
@@ -691,7 +698,7 @@ def check_emulation(args, flags: set[str]) -> None:
     if args.no_cpu_pinning and "--no-cpu-pinning" in flags:
         args.emulation_argv.append("--no-cpu-pinning")
     if args.emulation == "cpu-cap":
-        from esync.benchmark.emulation import cgroups_unavailable
+        from esync.emulation.standalone_cap import cgroups_unavailable
         why = cgroups_unavailable()
         if why:
             raise UsageError(f"argument --emulation cpu-cap: {why}; use --emulation auto or "
@@ -743,7 +750,7 @@ def canonical_command(args) -> str:
             *(["--shift-at", f"{args.shift_at:g}"] if "shifting" in args.scenario_list else []),
             "--policy", args.policy, "--target", f"{args.target:g}",
             "--table1-target", f"{args.table1_target:g}",
-            "--sync-cap-seconds", f"{_sync_cap(args):g}",
+            "--sync-cap-seconds", f"{sync_cap(args):g}",
             "--tune-lr", "none" if args.lr_grid is None else ",".join(f"{v:g}"
                                                                       for v in args.lr_grid),
             *(["--byclass-tune-lr", "auto" if args.byclass_lr_grid == "auto"
@@ -764,9 +771,11 @@ def canonical_command(args) -> str:
     return shlex.join(argv)
 
 
-def _sync_cap(args) -> float:
-    from esync.benchmark.plan import sync_cap
-    return sync_cap(args)
+def sync_cap(args) -> float:
+    """How long SSGD may run to reach the target (Table 1): --sync-cap-seconds, else
+    SYNC_CAP_BUDGETS x the budget."""
+    cap = getattr(args, "sync_cap_seconds", None)
+    return args.budget * SYNC_CAP_BUDGETS if cap is None else max(cap, args.budget)
 
 
 def _aggregation_text(a: Aggregation) -> str:

@@ -10,9 +10,8 @@ from pathlib import Path
 
 from esync.benchmark import options
 from esync.common import modes
-from esync.common.procs import python_env
+from esync.common.procs import REPO, python_env
 
-REPO = Path(__file__).resolve().parents[2]
 MAIN = REPO / "main.py"
 # Checkpoint (and so evaluation) interval in rounds: a sync or ESync round waits for the slowest
 # device, an async "round" is one iteration of rank 0 (a fast device), so async checkpoints
@@ -45,13 +44,6 @@ SHIFT_POLICIES = ("dynamic", "planned")
 OVERHEAD_S = {"loopback": 11.2, "netns": 15.5, "tune": 12.4}
 STANDALONE_OVERHEAD_S = (3.0, 0.4)      # fixed seconds, fraction of the budget
 FIXED_OVERHEAD_S = 30.0                 # measuring the shaped rate, the report, the figures
-# SSGD's i.i.d. runs may go on to this many budgets to reach the target (Table 1's speedup). At
-# its tuned 0.003 SSGD reached 0.80 in 62.5 s on loopback (an earlier default benchmark, in the
-# git history; docs/BENCHMARK.md "Table 1"); 2.5 budgets (100 s at the default 40) give it a
-# fair chance, and the default's cost stays bounded (6 runs x 60 s more; 3 budgets no longer
-# fit 100 minutes once the best tuning rates are confirmed with a second seed); where it still
-# falls short the speedup is a lower bound.
-SYNC_CAP_BUDGETS = 2.5
 
 
 @dataclass(frozen=True)
@@ -457,9 +449,9 @@ def full_jobs(args, out: Path, all_rows: list[Row], all_settings: list[Setting],
                     continue
                 root = out / setting.name / f"rep{rep}" / row.name
                 extended = (setting.scenario == "static" and row.mode == modes.BASELINE
-                            and not row.split and sync_cap(args) > args.budget)
+                            and not row.split and options.sync_cap(args) > args.budget)
                 jobs.append(_job(args, row, setting, rep, lrs[row.group], root,
-                                 sync_cap(args) if extended else row_budget(args, row),
+                                 options.sync_cap(args) if extended else row_budget(args, row),
                                  out / RUNS_DIR / f"{setting.name}-rep{rep}-{row.name}.log",
                                  extended=extended))
     return jobs
@@ -479,13 +471,6 @@ def lr_grid(args, row: Row) -> list[float]:
 def tune_budget(args, row: Row) -> float:
     """A tuning run's training seconds: --byclass-tune-budget for a by-class row."""
     return args.byclass_tune_budget if row.split else args.tune_budget
-
-
-def sync_cap(args) -> float:
-    """How long SSGD may run to reach the target (Table 1): --sync-cap-seconds, else
-    SYNC_CAP_BUDGETS x the budget."""
-    cap = getattr(args, "sync_cap_seconds", None)
-    return args.budget * SYNC_CAP_BUDGETS if cap is None else max(cap, args.budget)
 
 
 def sync_target(args) -> float:

@@ -15,15 +15,15 @@ from pathlib import Path
 
 from esync.common import modes
 from esync.benchmark import pace, stats
-from esync.benchmark.emulation import describe as describe_emulation
+from esync.emulation.standalone_cap import describe as describe_emulation
 from esync.benchmark.metrics import TUNING_TOLERANCE
-from esync.benchmark.options import canonical_command, describe_byclass_grid, repeat_seeds
+from esync.benchmark.options import (SYNC_CAP_BUDGETS, canonical_command, describe_byclass_grid,
+                                     repeat_seeds, sync_cap)
 from esync.benchmark.plan import (CLUSTER_EVAL, CONFIRMED_RATES, LENGTHENED_RATES, SHIFTING,
-                                  STANDALONE_CONFIRMING_SEEDS,
-                                  SYNC_CAP_BUDGETS, UNDECIDED_SCORE,
-                                  Job, Setting, display_argv, sync_cap, sync_target)
+                                  STANDALONE_CONFIRMING_SEEDS, UNDECIDED_SCORE,
+                                  Job, Setting, display_argv, sync_target)
 from esync.benchmark.runs import tail
-from esync.benchmark.shaping import rate_bit_s
+from esync.emulation.shaping import rate_bit_s
 from esync.benchmark.stats import speedup_cell, time_cell, value_cell
 from esync.common.files import atomic_write_text
 

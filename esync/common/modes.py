@@ -40,6 +40,7 @@ class Split:
     suffix: str         # appended to the mode's log folder
     label: str          # appended to the mode's label ("" for i.i.d.)
     summary: str        # appended to the summary file stem
+    description: str    # how the training set is split over the workers and fed (-s's help)
 
 
 MODES: tuple[Mode, ...] = (
@@ -56,11 +57,19 @@ MODES: tuple[Mode, ...] = (
     Mode("local", "Standalone SGD", "k", "esync.worker.algorithms.standalone:Standalone", "local",
          summary="Local", cluster=False, collectives=()),
 )
+# The -s values (``esync.common.dataset.training_shard`` cuts the shards they name).
+IID, CLASS_SORTED, CLASS_SORTED_SHUFFLED = 0, 1, 2
 SPLITS: tuple[Split, ...] = (
-    Split(0, "", "", ""),
-    Split(1, "-niid", "non-i.i.d.", "-Non-IID"),
-    Split(2, "-niid-shuffled", "non-i.i.d., shuffled", "-Non-IID-Shuffled"),
+    Split(IID, "", "", "",
+          "i.i.d. (a random equal shard per worker, reshuffled every epoch)"),
+    Split(CLASS_SORTED, "-niid", "non-i.i.d.", "-Non-IID",
+          "non-i.i.d. as in the original (a contiguous block of class-sorted data per worker, "
+          "fed in class order without shuffling: nearly single-class batches)"),
+    Split(CLASS_SORTED_SHUFFLED, "-niid-shuffled", "non-i.i.d., shuffled", "-Non-IID-Shuffled",
+          "milder non-i.i.d. (the same class blocks, reshuffled inside the shard every epoch: "
+          "batches mix the worker's classes)"),
 )
+SPLIT_VALUES = tuple(s.value for s in SPLITS)
 
 NAMES = tuple(m.name for m in MODES)
 # ESync's aggregation rules (--aggregation; the maths: esync.worker.algorithms.aggregate) and the

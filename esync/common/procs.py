@@ -13,8 +13,11 @@ import signal
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
+# The checkout: the folder every child process of a job starts in (main.py is there).
+REPO = Path(__file__).resolve().parents[2]
 
 
 def python_env() -> dict[str, str]:
@@ -30,6 +33,16 @@ def python_env() -> dict[str, str]:
     if sys.version_info < (3, 12):
         env["SETUPTOOLS_USE_DISTUTILS"] = "stdlib"
     return env
+
+
+def process_start_time(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot (None: no such process): with
+    the pid, it names one process, since a pid is reused once its process is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
 
 
 def kill_group(proc_or_pid: subprocess.Popen | int, sig: int = signal.SIGKILL) -> None:

@@ -31,7 +31,8 @@ The parts (the cluster's world: nothing here imports MXNet):
   ``gpus.py``: MXNet's wheels and the GPUs each runs on;
 - ``backends/``: one module per backend (its flags, its launch, its runner);
 - ``supervisor.py``: progress, failures, stalls, restarts (it sees only backend handles);
-- ``namespaces.py``: emulated hosts (``--net netns``).
+- the emulated hosts (``--net netns``) and CPU caps are the emulation world's
+  (``esync.emulation``), which ``backends/netns.py`` and ``backends/local.py`` drive.
 """
 from esync.launch.program import main
 from esync.common.presets import CLUSTER_LR

@@ -17,7 +17,7 @@ from esync.common.argtypes import (UsageParser, bounded_number, non_negative_int
 from esync.common.presets import PresetHelpFormatter
 from esync.common.errors import UsageError
 import esync.launch.remote as remote
-from esync.launch.backends.netns import add_network_args, layout_from_args
+from esync.emulation.hosts import add_network_args, layout_from_args
 
 STATE_SERVER_RESTARTS = 3        # a state server that keeps dying is a failure, not a blip
 LOCAL_ADDRESS = "127.0.0.1"       # the local backend's one host
@@ -182,7 +182,7 @@ def parse(parser, argv) -> argparse.Namespace:
         raise UsageError(f"--emulation cpu-cap caps processes on this machine: it needs "
                          f"--backend local, not --backend {args.backend}")
     if args.speed_schedule is not None:
-        from esync.common.speeds import ScheduleError, parse_speed_schedule
+        from esync.emulation.schedules import ScheduleError, parse_speed_schedule
         from esync.launch.roles import device_names
         try:
             parse_speed_schedule(args.speed_schedule,
@@ -213,7 +213,7 @@ def _per_worker_local_iters(values: tuple[int, ...], workers: int) -> tuple[int,
 
 
 def check_before_start(args) -> None:
-    from esync.worker.data import FASHION_FILES, FASHION_SUBDIR
+    from esync.common.catalog import FASHION_FILES, FASHION_SUBDIR
     folder = Path(args.data_dir) / FASHION_SUBDIR
     missing = [f for pair in FASHION_FILES.values() for f in pair if not (folder / f).exists()]
     if missing:
@@ -236,7 +236,7 @@ def check_before_start(args) -> None:
         raise UsageError(f"{folder} already holds logs of an earlier run; choose another "
                              "--log-dir, or pass --overwrite (replace) or --resume (continue)")
     if args.resume:
-        from esync.worker.checkpoint import CheckpointError, CheckpointStore
+        from esync.common.checkpoint import CheckpointError, CheckpointStore
         try:
             found = CheckpointStore(runlayout.checkpoints_dir(folder)).latest(network=args.network)
         except CheckpointError as exc:

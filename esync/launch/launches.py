@@ -20,7 +20,7 @@ from pathlib import Path
 from esync.common import runlayout
 from esync.common.errors import UsageError
 from esync.common.files import atomic_write_text
-from esync.common.speeds import parse_speed_schedule
+from esync.emulation.schedules import parse_speed_schedule
 from esync.launch.backends.base import Backend
 from esync.launch.resources import emulates_devices, visible_devices, worker_threads
 from esync.launch.roles import HOROVOD_CYCLE_MS, ClusterConfig, Hosts, device_names, plan_roles
@@ -121,7 +121,7 @@ class Launch:
         cores = self.cpu_cores()
         if getattr(self.args, "no_cpu_pinning", False) or all(c is None for c in cores):
             return [None] * len(cores)
-        from esync.launch.cgroups import place_on_cpus
+        from esync.emulation.cgroups import place_on_cpus
         return place_on_cpus(cores, os.sched_getaffinity(0))
 
     def placement(self) -> list[dict]:
@@ -182,7 +182,7 @@ class Launch:
         the chosen round (device logs, checkpoints, their scores) is deleted and run again, so
         every round is logged once. With no such checkpoint the job starts over.
         """
-        from esync.worker.checkpoint import CheckpointError, CheckpointStore
+        from esync.common.checkpoint import CheckpointError, CheckpointStore
         store = CheckpointStore(runlayout.checkpoints_dir(self.mode_dir))
         logged = rounds_logged_by_all(self.mode_dir, device_names(self.config.devices))
         try:
@@ -228,7 +228,8 @@ def shard_classes(args, workers: int) -> list[list[int] | None]:
     if not args.split_by_class:
         return [None] * workers
     try:
-        from esync.worker.data import FASHION_FILES, FASHION_SUBDIR, read_idx, training_shard
+        from esync.common.catalog import FASHION_FILES, FASHION_SUBDIR
+        from esync.common.dataset import read_idx, training_shard
         labels = read_idx(Path(args.data_dir) / FASHION_SUBDIR / FASHION_FILES["train"][1])
         return [sorted({int(c) for c in labels[training_shard(labels, workers, i,
                                                                 args.split_by_class,

@@ -9,8 +9,8 @@ from esync.common import runlayout
 from esync.common.errors import UsageError
 from esync.common.files import atomic_write_text
 from esync.common.presets import explain
+from esync.emulation.namespaces import NetnsError
 from esync.launch.remote import make_launch
-from esync.launch.namespaces import NetnsError
 from esync.launch.flags import build_parser, parse
 from esync.launch.supervisor import Options, RoundProgress, Supervisor
 

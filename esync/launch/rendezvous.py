@@ -31,7 +31,7 @@ def main(argv=None) -> int:
         from horovod.runner.common.util.hosts import SlotInfo
         from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
     except ImportError as exc:
-        from esync.worker.allreduce import INSTALL_HINT
+        from esync.common.collectives import INSTALL_HINT
         print(f"rendezvous: error: Horovod is missing ({exc}); {INSTALL_HINT}", file=sys.stderr)
         return 2
     hosts = [h.strip() for h in args.workers.split(",")]

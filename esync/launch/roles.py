@@ -14,7 +14,7 @@ from pathlib import Path
 
 from esync.common.procs import python_env
 from esync.common.speeds import CPU_PIN_ENV
-from esync.launch.cgroups import ONE_COMPUTE_THREAD_ENV
+from esync.emulation.cgroups import ONE_COMPUTE_THREAD_ENV
 from esync.launch.resources import CUDA_VISIBLE_DEVICES, NO_GPU, gpu_index, visible_devices
 
 REPO = Path(__file__).resolve().parents[2]

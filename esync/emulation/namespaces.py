@@ -21,8 +21,8 @@ between emulated hosts can never leave the machine and the subnet cannot clash w
 `netem` is missing on the kernels we target, so links have a rate but no added latency.
 
 Every name carries the owner's pid. A launcher killed with SIGKILL cannot clean up; the next
-`create()` (or ``python -m esync.launch.namespaces clean``) removes the namespaces of owners that are gone,
-and never those of a live process: other runs on the machine keep theirs.
+`create()` (or ``python -m esync.emulation.namespaces clean``) removes the namespaces of owners
+that are gone, and never those of a live process: other runs on the machine keep theirs.
 """
 from __future__ import annotations
 
@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from esync.common.errors import UsageError
+from esync.common.procs import process_start_time
 
 PREFIX = "esy"
 SWITCH = "sw"                     # the bridge's namespace suffix (not a valid host name)
@@ -106,12 +107,9 @@ def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
 
 
 def _start_time(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (tells a reused pid apart)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]
+    """``process_start_time`` as the owner records keep it (a string)."""
+    start = process_start_time(pid)
+    return None if start is None else str(start)
 
 
 def namespaces() -> list[str]:
@@ -414,14 +412,16 @@ def _copy(source: socket.socket, sink: socket.socket) -> None:
 
 
 def main(argv=None) -> int:
-    """``python -m esync.launch.namespaces list|clean``: show ours, or remove what dead launchers left."""
-    parser = argparse.ArgumentParser(prog="python -m esync.launch.namespaces", description=main.__doc__)
+    """``python -m esync.emulation.namespaces list|clean``: show ours, or remove what dead
+    launchers left."""
+    parser = argparse.ArgumentParser(prog="python -m esync.emulation.namespaces",
+                                     description=main.__doc__)
     parser.add_argument("action", choices=["list", "clean"])
     args = parser.parse_args(argv)
     try:
         check_available()
     except NetnsError as exc:
-        print(f"esync.launch.namespaces: error: {exc}", file=sys.stderr)
+        print(f"esync.emulation.namespaces: error: {exc}", file=sys.stderr)
         return 2
     if args.action == "clean":
         for name in remove_stale():
