@@ -274,9 +274,8 @@ def add_run_args(parser: argparse.ArgumentParser, *, one_worker: bool = True) ->
                    help="with --carry under --policy dynamic, the slowest device carries too: "
                         "its iterations during the exchange start its next round (computed on "
                         "its model of the round before, its next round's first question sent "
-                        "as it starts). Every device then computes nearly all the time (shaped "
-                        "links: 0.91 of it against 0.80), but more of the iterations are a "
-                        "round stale: 0.85 came later on both kinds of link")
+                        "as it starts): more computing, more iterations a round stale (measured "
+                        "slower to the target: docs/results/)")
     e.add_argument("--comm-dtype", choices=COMM_DTYPES, default=config.comm_dtype,
                    help="type of the deltas on the wire: float16 halves every exchange's bytes "
                         "(the parameter server sums them in float16; the global model, the "
