@@ -17,7 +17,7 @@ batch_size = 64           # -b: samples per iteration on each device
 data_dir = os.path.join(_ROOT, "data")   # -dd: holds fashion-mnist/*.gz (see scripts/prepare_data.py)
 gpu = 0                   # -g: GPU id used when cpu == 0
 cpu = 0                   # -c: 1 trains on the CPU instead of GPU `gpu`
-network = "resnet18-v1"   # -n: model name, see esync.worker.models.NETWORKS
+network = "resnet18-v1"   # -n: model name, see esync.common.catalog.NETWORKS
 log_dir = os.path.join(_ROOT, "logs")    # -ld: logs go to <log_dir>/<network>/<mode>/<host>/<device>/
 eval_duration = "auto"    # -e: evaluate every this many rounds (iterations in sync/async/local);
                           # auto: every round in a cluster, ~10% of the wall time in local mode

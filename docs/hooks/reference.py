@@ -17,7 +17,7 @@ import warnings
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-MAIN_PY = ("main.py", "esync.cli:main")      # the original's entry point, for every role
+MAIN_PY = ("main.py", "esync.entry:main")      # the original's entry point, for every role
 
 
 class _Captured(Exception):

@@ -23,7 +23,7 @@ Rules (``--aggregation``):
     Heterogeneous Federated Optimization", NeurIPS 2020): each delta divided by its own step
     count, the average rescaled by the effective step count,
     ``start + gl * (sum_i p_i k_i) * sum_i p_i (delta_i / k_i)`` with ``p_i`` the worker's share
-    of the data (``1/N`` for the equal shards of ``esync.worker.data.partition``). On non-i.i.d. data it
+    of the data (``1/N`` for the equal shards of ``esync.common.dataset.partition``). On non-i.i.d. data it
     removes the bias towards the objectives of the workers that ran more steps.
 ``sum``
     Every delta applied in full: ``start + gl * sum_i delta_i``, as ASGD applies every gradient
