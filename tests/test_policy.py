@@ -145,22 +145,28 @@ def test_the_slowest_and_a_worker_behind_a_finished_slowest_wait_for_nobody(cloc
     assert late.ready and late.wait == 0.0
 
 
-def test_in_the_first_round_a_worker_is_told_to_expect_a_wait_while_another_is_untimed(clock):
-    """Round 1: nobody's duration is known; the first to finish may not be the slowest, so its
-    "ready" says that something may still compute (its own iteration's length); the last to
-    report, every duration then known, is the slowest and waits for nobody."""
+def test_in_the_first_round_nobody_stops_before_every_device_is_timed(clock):
+    """Round 1: nobody's duration is known, so the first to finish may not be the slowest; it
+    computes on (asking again after a tenth of the time it has computed, at least one
+    iteration) until every device has finished one iteration; the last to report is then the
+    slowest, ready at once and waiting for nobody, and the others are ready at their next
+    question, with their work in the first aggregate."""
     job = dynamic_job(clock, num_workers=3)
     for rank in range(3):
         job.apply(rank, 0, 0.0)
     clock.advance(0.1)
     first = job.decide(0, 1, 0.1)
-    assert first.ready and first.wait == pytest.approx(0.1)
+    assert not first.ready and first.budget == pytest.approx(0.1)
     clock.advance(0.3)
-    second = job.decide(2, 1, 0.4)
-    assert second.ready and second.wait > 0
+    assert not job.decide(2, 1, 0.4).ready
     clock.advance(0.6)
-    last = job.decide(1, 1, 1.0)
+    assert not job.decide(0, 10, 0.1).ready
+    assert job.decide(0, 10, 0.1).budget == pytest.approx(0.1)
+    clock.advance(1.0)
+    assert job.decide(0, 20, 0.1).budget == pytest.approx(0.2)   # a tenth of its 2 s so far
+    last = job.decide(1, 1, 2.0)
     assert last.ready and last.wait == 0.0
+    assert job.decide(0, 21, 0.1).ready and job.decide(2, 5, 0.4).ready
 
 
 def test_iterations_carried_into_a_round_may_make_a_worker_ready_at_its_first_report(clock):
@@ -755,6 +761,7 @@ def test_a_batch_of_round_reports_equals_the_reports_one_by_one(clock):
 
 def test_a_slowest_already_ready_lets_the_others_go_after_a_restore(clock):
     job = dynamic_job(clock)
+    job.apply(0, 1, 0.01)
     job.apply(1, 1, 0.3)                                 # the slowest: ready, now aggregating
     rebuilt = dynamic_job(clock)
     rebuilt.restore(dict(enumerate(job.worker_states())))

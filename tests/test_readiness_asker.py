@@ -203,7 +203,9 @@ def test_the_slowest_computes_while_its_first_question_travels():
     held.release()
     assert server.calls == [(1, 0, 1)]                # it entered round 1 on arrival
     assert fast.continue_local(0, 0.0, 1)
-    clock.now += 0.1
+    clock.now += 0.01
+    assert fast.continue_local(1, 0.01, 1)            # the slow one is not timed yet
+    clock.now += 0.09
     assert not slow.continue_local(1, 0.1, 1)         # ready after its iteration: waited for
     assert held.held == [] and server.calls[-1] == (1, 1, 1)
 

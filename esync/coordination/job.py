@@ -45,6 +45,11 @@ from esync.coordination.rules import (
     COMPUTE_ONLY, Decision, NOT_READY, READY, RoundSizing, plan_for, plan_round, round_length,
     slack_of, slowest_rank, transfer_estimate)
 
+# In the first round a fast device asks again after this share of the time it has computed so
+# far: the untimed device it waits for has computed at least as long, so the first exchange
+# waits for the fast devices' last lease by at most this share of the slowest's iteration.
+FIRST_ROUND_LEASE = 0.1
+
 
 @dataclass
 class ClosedRound:
@@ -200,6 +205,13 @@ class JobState:
                 # the next round as soon as it has pushed. This one is the last of its round
                 # (everyone else waits for its push): ready after its iteration.
                 return self._become_ready(me) if k > 0 else NOT_READY
+            untimed = k > 0 and any(worker.c <= 0 for worker in self._workers)
+            if untimed and not any(worker.ready for worker in self._workers):
+                # The first round: some device has not finished an iteration, so the slowest
+                # is not known and may be that one. Nobody stops before every device is timed,
+                # so the first aggregate holds what the fast devices computed meanwhile.
+                since = now - (me.round_start if me.round_start is not None else now)
+                return Decision(False, max(c, FIRST_ROUND_LEASE * since))
             s = self._slowest()
             slow = self._workers[s]
             in_round = slow.round == self.current_round

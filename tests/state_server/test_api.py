@@ -40,7 +40,8 @@ def job_url(action, job="j"):
 
 @pytest.fixture
 def job(client):
-    """Job "j": 4 workers, dynamic, auto slack; ranks 0 and 3 have reported once."""
+    """Job "j": 4 workers, dynamic, auto slack; ranks 0 and 3 have reported once (round 1:
+    ranks 1 and 2 are not timed yet, so nobody is ready)."""
     post_json(client, job_url("init"), {"num_workers": 4})
     post_json(client, job_url("apply"), {"r": 0, "k": 1, "c": 0.01})
     post_json(client, job_url("apply"), {"r": 3, "k": 1, "c": 0.08})
@@ -60,9 +61,9 @@ def state_of(client, job="j"):
 def test_original_paths_act_on_the_default_job_with_form_bodies(client):
     post_form(client, reverse("init"), {"num_workers": 2, "epsilon": 0.5})
     answer = post_form(client, reverse("apply"), {"r": 1, "k": 1, "c": 0.2, "te": 1.7e9})
-    # rank 0 has no duration yet: the apparent slowest may not be, so it is told to expect a
-    # wait of its own iteration (the original client reads only "ready")
-    assert answer.status_code == 200 and answer.json() == {"ready": 1, "budget": 0.0, "wait": 0.2}
+    # rank 0 has no duration yet, so the slowest is not known: rank 1 computes on (the
+    # original client reads only "ready"), asking again after its own iteration
+    assert answer.status_code == 200 and answer.json() == {"ready": 0, "budget": 0.2, "wait": 0.0}
     assert client.get(reverse("state")).json()["epsilon"] == 0.5
 
 
@@ -79,13 +80,15 @@ def test_init_defaults_to_auto_slack_the_dynamic_policy_and_rounds_sized_by_comp
 
 
 def test_apply_with_json_answers_not_ready_on_the_first_report(client, job):
-    response = post_json(client, job_url("apply"), {"r": 1, "k": 0, "c": 0})
-    assert response.json() == {"ready": 0, "budget": 0.0, "wait": 0.0}
+    response = post_json(client, job_url("apply"), {"r": 1, "k": 0, "c": 0}).json()
+    assert (response["ready"], response["wait"]) == (0, 0.0)
+    assert 0.0 < response["budget"] <= 0.08          # the slowest so far (rank 3) is computing
 
 
 def test_worker_timestamp_does_not_change_the_decision(client, job):
     far_future = post_json(client, job_url("apply"), {"r": 3, "k": 1, "c": 0.08, "te": 9e12})
-    assert far_future.json() == {"ready": 1, "budget": 0.0, "wait": 0.0}
+    # round 1, ranks 1 and 2 untimed: it computes on, asking again after its own iteration
+    assert far_future.json() == {"ready": 0, "budget": 0.08, "wait": 0.0}
 
 
 def test_plan_answers_the_local_iterations_of_the_round(client):

@@ -30,11 +30,12 @@ def test_client_round_trip(server):
     client = StateClient(server.url, job="trip", token=TOKEN)
     assert client.init(2)["round"] == 1
     assert client.apply(0, 0, 0.0) is False
+    assert client.apply(0, 1, 0.01) is False         # round 1: rank 1 is not timed yet
     assert client.apply(1, 1, 0.2) is True          # the slowest, after its iteration
     assert client.reset(1, 2) == {"round": 2}
     assert client.state()["round"] == 2
     assert client.history()["rounds"][0]["workers"][0]["rank"] == 1
-    assert client.requests_made == 6
+    assert client.requests_made == 7
 
 
 def test_client_gives_the_lease_and_history_query(server):
@@ -106,6 +107,8 @@ def test_job_survives_a_server_restart(tmp_path):
     wait_until_up(proc.url, timeout=30, proc=proc)
     client = StateClient(proc.url, job="phoenix", token=TOKEN, retry_for=60)
     client.init(2)
+    assert client.apply(0, 1, 0.01) is False         # round 1: rank 1 is not timed yet
+    assert client.apply(1, 1, 0.3) is True           # both timed, the slowest ready
     for rank in (0, 1):
         client.reset(rank, 3)
     stop(proc, hard=True)                           # a crash
