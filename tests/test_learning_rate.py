@@ -32,9 +32,10 @@ def summed_gradient_step(net, x, y, lr):
     return {name: p.data().asnumpy() - lr * total[name] for name, p in params.items()}
 
 
-def test_one_local_step_moves_by_lr_times_the_batch_summed_gradient(tmp_path, fashion_data_dir):
+def local_loop(tmp_path, fashion_data_dir, *flags):
+    """(args, its context, the model, the training loop) of one device alone at LR, BATCH."""
     args = cli.parse_args(["-m", "local", "-c", "1", "-n", "lenet", "-dd", str(fashion_data_dir),
-                           "-ld", str(tmp_path), "-l", str(LR), "-b", str(BATCH)])
+                           "-ld", str(tmp_path), "-l", str(LR), "-b", str(BATCH), *flags])
     ctx = resolve_context(args)                # where the worker trains and its batches are
     net = models.build("lenet", ctx, seed=args.seed)
     trainable, aux = models.trainable_and_aux(net)
@@ -42,8 +43,12 @@ def test_one_local_step_moves_by_lr_times_the_batch_summed_gradient(tmp_path, fa
                     trainable=trainable, aux=aux)
     algo = algorithm_class("local")(worker)
     algo.setup()
-    loop = TrainingLoop(worker, algo, _shard(args, 0, 1), None, None, tmp_path, "cpu0",
-                        args)
+    return args, ctx, net, TrainingLoop(worker, algo, _shard(args, 0, 1), None, None, tmp_path,
+                                        "cpu0", args)
+
+
+def test_one_local_step_moves_by_lr_times_the_batch_summed_gradient(tmp_path, fashion_data_dir):
+    args, ctx, net, loop = local_loop(tmp_path, fashion_data_dir)
 
     x, y = _shard(args, 0, 1).next_batch()              # the batch the loop will take first
     want = summed_gradient_step(models.build("lenet", ctx, seed=args.seed), x, y, LR)
@@ -69,18 +74,8 @@ def test_momentum_of_one_device_alone_follows_the_spelled_out_rule(tmp_path, fas
     """-m local --momentum 0.9: v = m v + g; w -= lr v (heavy ball) or w -= lr (g + m v)
     (Nesterov), g the batch-summed gradient, over three steps."""
     momentum = 0.9
-    args = cli.parse_args(["-m", "local", "-c", "1", "-n", "lenet", "-dd", str(fashion_data_dir),
-                           "-ld", str(tmp_path), "-l", str(LR), "-b", str(BATCH),
-                           "--momentum", str(momentum)]
-                          + (["--nesterov"] if nesterov else []))
-    ctx = resolve_context(args)
-    net = models.build("lenet", ctx, seed=args.seed)
-    trainable, aux = models.trainable_and_aux(net)
-    worker = Worker(config=AlgorithmConfig.from_args(args), ctx=ctx, net=net,
-                    trainable=trainable, aux=aux)
-    algo = algorithm_class("local")(worker)
-    algo.setup()
-    loop = TrainingLoop(worker, algo, _shard(args, 0, 1), None, None, tmp_path, "cpu0", args)
+    args, ctx, net, loop = local_loop(tmp_path, fashion_data_dir, "--momentum", str(momentum),
+                                      *(["--nesterov"] if nesterov else []))
 
     replay = models.build("lenet", ctx, seed=args.seed)
     params = models.named_parameters(replay)
