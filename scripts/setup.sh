@@ -80,7 +80,8 @@ build_horovod() {
             HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 \
             .venv/bin/python -m pip install --no-build-isolation --no-cache-dir \
               --force-reinstall --no-deps "$HOROVOD" \
-         && .venv/bin/python -c "import horovod.mxnet as h; assert h.gloo_built()"; } >"$log" 2>&1; then
+         && .venv/bin/python -m pip install psutil cloudpickle pyyaml packaging \
+         && .venv/bin/python -c "import horovod.mxnet as h, horovod.runner.http.http_server; assert h.gloo_built()"; } >"$log" 2>&1; then
     tail -n 20 "$log" >&2
     echo "setup: building Horovod failed (full log: $log); everything but --collective" \
          "allreduce works" >&2

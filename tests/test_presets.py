@@ -192,3 +192,9 @@ def test_explain_shows_what_each_worker_gets_of_the_machine(tmp_path):
     _, real = explained("-ld", tmp_path, "--workers", "3", "--devices", "gpu0,gpu1,cpu")
     assert "devices real (nothing capped)" in real.stdout
     assert "gpu1: CUDA_VISIBLE_DEVICES=1" in real.stdout
+
+
+def test_the_record_never_holds_the_state_token():
+    got = resolve({"state_token": "s3cret", "network": "lenet"},
+                  Situation(user={"state_token": "s3cret"}))
+    assert "s3cret" not in json.dumps(got.record())

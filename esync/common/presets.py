@@ -28,6 +28,7 @@ CLUSTER_LR = 0.05 / 64
 ADAM_STEP = 0.01            # -gl as Adam's step size: a coordinate moves by about this a round
 DEMO_SLOWDOWN = "1,1,4,8"   # the emulated demo cluster: two fast devices, one 4x, one 8x slower
 EVIDENCE = "docs/settings.md"
+SECRETS = frozenset({"state_token"})   # never in a record, a log or on a screen
 
 
 @dataclass(frozen=True)
@@ -157,8 +158,10 @@ class Resolution:
         """The JSON form run.json keeps."""
         situation = {k: v for k, v in vars(self.situation).items() if k != "user"}
         return {"situation": situation, "presets": list(self.presets),
-                "values": {k: _jsonable(v) for k, v in self.values.items()},
-                "sources": dict(self.sources), "yielded": dict(self.yielded)}
+                "values": {k: _jsonable(v) for k, v in self.values.items()
+                           if k not in SECRETS},
+                "sources": {k: v for k, v in self.sources.items() if k not in SECRETS},
+                "yielded": dict(self.yielded)}
 
 
 def resolve(defaults: Mapping[str, Any], situation: Situation, *,
@@ -231,7 +234,7 @@ def explain(resolution: Resolution, parser: argparse.ArgumentParser, *, values=N
     for group in parser._action_groups:
         rows = [(_flag(a), a.dest) for a in group._group_actions
                 if a.option_strings and a.dest in values
-                and a.dest not in ("help", "explain", "state_token")]
+                and a.dest not in {"help", "explain", *SECRETS}]
         if not rows:
             continue
         lines.append(f"\n{group.title}:")
