@@ -205,8 +205,8 @@ class JobState:
                 # the next round as soon as it has pushed. This one is the last of its round
                 # (everyone else waits for its push): ready after its iteration.
                 return self._become_ready(me) if k > 0 else NOT_READY
-            untimed = k > 0 and any(worker.c <= 0 for worker in self._workers)
-            if untimed and not any(worker.ready for worker in self._workers):
+            first_round = k > 0 and any(worker.c <= 0 for worker in self._workers)
+            if first_round and not any(worker.ready for worker in self._workers):
                 # The first round: some device has not finished an iteration, so the slowest
                 # is not known and may be that one. Nobody stops before every device is timed,
                 # so the first aggregate holds what the fast devices computed meanwhile.
