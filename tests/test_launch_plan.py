@@ -370,16 +370,16 @@ def test_by_class_order_accumulates_gradients_at_its_own_rate_by_default(
 @pytest.mark.parametrize("extra, want", [
     ([], (1.0, False, 0)),
     (["--net", "netns"], (1.0, False, 0)),
-    (["--net", "netns", "--bandwidth", "50mbit"], (0.2, False, 32)),
-    (["--net", "netns", "--server-bandwidth", "50mbit"], (0.2, False, 32)),
+    (["--net", "netns", "--bandwidth", "1mbit"], (0.2, False, 32)),
+    (["--net", "netns", "--server-bandwidth", "1mbit"], (0.2, False, 32)),
     (["--backend", "ssh"], (0.2, False, 32)),
-    (["--net", "netns", "--bandwidth", "50mbit", "--low-rank", "0"], (0.1, True, 0)),
+    (["--net", "netns", "--bandwidth", "1mbit", "--low-rank", "0"], (0.1, True, 0)),
     (["--backend", "ssh", "--overlap"], (0.1, True, 0)),
-    (["--net", "netns", "--bandwidth", "50mbit", "--comm-dtype", "float16"], (0.1, True, 0)),
-    (["-s", "1", "--net", "netns", "--bandwidth", "50mbit"], (1.0, False, 0)),
+    (["--net", "netns", "--bandwidth", "1mbit", "--comm-dtype", "float16"], (0.1, True, 0)),
+    (["-s", "1", "--net", "netns", "--bandwidth", "1mbit"], (1.0, False, 0)),
     (["-s", "2"], (1.0, False, 0)),
     (["--comm-share", "0.3", "--overlap"], (0.3, True, 0)),
-    (["--net", "netns", "--bandwidth", "50mbit", "--comm-share", "1", "--no-overlap"],
+    (["--net", "netns", "--bandwidth", "1mbit", "--comm-share", "1", "--no-overlap"],
      (1.0, False, 32)),
 ], ids=["loopback", "netns-unshaped", "shaped-hosts", "shaped-server", "ssh",
         "shaped-full-deltas", "ssh-overlap", "shaped-float16", "by-class-shaped",
@@ -412,12 +412,12 @@ def test_rounds_stretch_and_overlap_by_default_only_where_links_cost(
 @pytest.mark.parametrize("extra, want", [
     ([], True),
     (["--net", "netns"], True),
-    (["--net", "netns", "--bandwidth", "50mbit"], True),
-    (["--net", "netns", "--bandwidth", "50mbit", "--low-rank", "0"], False),
-    (["--net", "netns", "--bandwidth", "50mbit", "--no-carry"], False),
-    (["--net", "netns", "--bandwidth", "50mbit", "-s", "1"], False),
-    (["--net", "netns", "--bandwidth", "50mbit", "-m", "sync"], False),
-    (["--net", "netns", "--bandwidth", "50mbit", "--local-iters", "2"], False),
+    (["--net", "netns", "--bandwidth", "1mbit"], True),
+    (["--net", "netns", "--bandwidth", "1mbit", "--low-rank", "0"], False),
+    (["--net", "netns", "--bandwidth", "1mbit", "--no-carry"], False),
+    (["--net", "netns", "--bandwidth", "1mbit", "-s", "1"], False),
+    (["--net", "netns", "--bandwidth", "1mbit", "-m", "sync"], False),
+    (["--net", "netns", "--bandwidth", "1mbit", "--local-iters", "2"], False),
     (["--carry"], True),
     (["--no-carry"], False),
     (["-s", "2"], False),
@@ -441,13 +441,13 @@ def test_fast_devices_carry_iterations_by_default_where_the_exchange_is_not_over
 @pytest.mark.parametrize("extra, want", [
     ([], "float32"),
     (["--net", "netns"], "float32"),
-    (["--net", "netns", "--bandwidth", "50mbit"], "float32"),
-    (["--net", "netns", "--bandwidth", "50mbit", "--low-rank", "0"], "float16"),
-    (["--net", "netns", "--server-bandwidth", "50mbit", "--overlap"], "float16"),
-    (["--net", "netns", "--bandwidth", "50mbit", "--low-rank", "0", "--comm-dtype", "float32"],
+    (["--net", "netns", "--bandwidth", "1mbit"], "float32"),
+    (["--net", "netns", "--bandwidth", "1mbit", "--low-rank", "0"], "float16"),
+    (["--net", "netns", "--server-bandwidth", "1mbit", "--overlap"], "float16"),
+    (["--net", "netns", "--bandwidth", "1mbit", "--low-rank", "0", "--comm-dtype", "float32"],
      "float32"),
     (["--comm-dtype", "float16"], "float16"),
-    (["--net", "netns", "--bandwidth", "50mbit", "-m", "sync"], "float32"),
+    (["--net", "netns", "--bandwidth", "1mbit", "-m", "sync"], "float32"),
 ], ids=["loopback", "netns-unshaped", "shaped-low-rank", "shaped-full-deltas",
         "shaped-server-overlap", "user-float32", "user-float16", "shaped-sync"])
 def test_full_deltas_travel_as_float16_by_default_only_on_shaped_links(
@@ -462,7 +462,7 @@ def test_full_deltas_travel_as_float16_by_default_only_on_shaped_links(
         assert worker.argv[worker.argv.index("--comm-dtype") + 1] == want
 
 
-@pytest.mark.parametrize("extra", [[], ["--net", "netns", "--bandwidth", "50mbit"]],
+@pytest.mark.parametrize("extra", [[], ["--net", "netns", "--bandwidth", "1mbit"]],
                          ids=["loopback", "shaped"])
 def test_low_rank_deltas_are_not_overlapped_and_stretch_less(tmp_path, fashion_data_dir, extra):
     """With --low-rank an exchange costs a few percent of the model: no overlap, float32

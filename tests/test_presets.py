@@ -1,6 +1,7 @@
 """What a run uses, resolved once (esync.common.presets): defaults, the presets the situation
 selects, the user's flags; --explain shows each value's source without starting anything."""
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -75,24 +76,53 @@ def test_the_demo_cluster_on_free_links(tmp_path):
     assert rows["--max-seconds"] == ("90", "preset demo")
     assert rows["--slowdown"] == ("1,1,4,8", "preset demo-slowdown")
     assert rows["--aggregation"] == ("weighted", "preset iid")
-    assert rows["--comm-share"] == ("1", "preset free-links")
+    assert rows["--comm-share"] == ("1", "preset cheap-exchange")
     assert rows["--carry"] == ("on", "preset iid-carry")
     assert rows["--low-rank"] == ("0", "default")
 
 
-def test_shaped_links_get_rank_32_factors_in_stretched_rounds(tmp_path):
-    rows, _ = explained("-ld", tmp_path, "--net", "netns", "--bandwidth", "50mbit")
-    assert rows["--low-rank"] == ("32", "preset costly-links")
-    assert rows["--comm-share"] == ("0.2", "preset costly-links-factors")
+def test_a_costly_exchange_gets_rank_32_factors_in_stretched_rounds(tmp_path):
+    """1 Mbit on each worker's link: pushing lenet takes 14 s, many slowest iterations."""
+    rows, done = explained("-ld", tmp_path, "--net", "netns", "--bandwidth", "1mbit")
+    assert rows["--low-rank"] == ("32", "preset costly-exchange")
+    assert rows["--comm-share"] == ("0.2", "preset costly-exchange-factors")
     assert rows["--comm-dtype"] == ("float32", "default")
+    ratio = re.search(r"exchange / slowest iteration: ([0-9.]+) \(costly", done.stdout)
+    assert ratio and float(ratio.group(1)) >= presets.COSTLY_EXCHANGE, done.stdout
+
+
+def test_a_cheap_exchange_over_shaped_links_gets_the_free_links_rule(tmp_path):
+    """10 Gbit: an exchange takes 6 ms, a sliver of the x8 device's iteration."""
+    rows, done = explained("-ld", tmp_path, "--net", "netns", "--bandwidth", "10gbit",
+                           "--server-bandwidth", "10gbit")
+    assert rows["--low-rank"] == ("0", "default")
+    assert rows["--comm-share"] == ("1", "preset cheap-exchange")
+    assert rows["--overlap"] == ("off", "preset cheap-exchange")
+    assert rows["--comm-dtype"] == ("float32", "default")
+    assert rows["--carry"] == ("on", "preset iid-carry")
+    ratio = re.search(r"exchange / slowest iteration: ([0-9.]+) \(cheap", done.stdout)
+    assert ratio and float(ratio.group(1)) < presets.COSTLY_EXCHANGE, done.stdout
+    assert "measured on a free core" in done.stdout
+
+
+def test_free_links_need_no_probe_and_say_why_the_exchange_is_cheap(tmp_path):
+    _, done = explained("-ld", tmp_path)
+    assert "exchange / slowest iteration: 0.00 (cheap" in done.stdout
+    assert "no link rate" in done.stdout and "measured" not in done.stdout
+
+
+def test_flags_that_settle_the_exchange_rule_leave_nothing_to_measure(tmp_path):
+    _, done = explained("-ld", tmp_path, "--net", "netns", "--bandwidth", "1mbit",
+                        "--low-rank", "32", "--comm-share", "1", "--no-overlap")
+    assert "exchange / slowest iteration" not in done.stdout
 
 
 def test_a_user_flag_overrides_the_preset_and_what_depends_on_it_follows(tmp_path):
-    rows, done = explained("-ld", tmp_path, "--net", "netns", "--bandwidth", "50mbit",
+    rows, done = explained("-ld", tmp_path, "--net", "netns", "--bandwidth", "1mbit",
                            "--low-rank", "0")
     assert rows["--low-rank"] == ("0", "user flag")
-    assert rows["--comm-share"] == ("0.1", "preset costly-links-full")
-    assert rows["--overlap"] == ("on", "preset costly-links-full")
+    assert rows["--comm-share"] == ("0.1", "preset costly-exchange-full")
+    assert rows["--overlap"] == ("on", "preset costly-exchange-full")
     assert rows["--comm-dtype"] == ("float16", "preset shaped-full")
     assert rows["--carry"] == ("off", "default")
     assert "carry: preset iid-carry yielded: --overlap" in done.stdout
@@ -105,7 +135,8 @@ def test_remote_hosts_get_the_originals_training_defaults_and_no_slowdown(tmp_pa
     assert rows["--max-seconds"] == ("0", "default")
     assert rows["--slowdown"] == ("1", "default")
     assert rows["--workers"] == ("6", "placed by --backend ssh")
-    assert rows["--low-rank"] == ("32", "preset costly-links")
+    assert rows["--low-rank"] == ("32", "preset costly-exchange")
+    assert "exchange / slowest iteration: unknown (costly" in done.stdout
     assert "note:" not in done.stderr
 
 
@@ -166,7 +197,7 @@ def test_help_shows_what_the_presets_set_from_the_same_table():
     done = subprocess.run([sys.executable, "-m", "esync.launch", "--help"], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     text = " ".join(done.stdout.split())
-    assert "32 by preset costly-links" in text
+    assert "32 by preset costly-exchange" in text
     assert "lenet by preset demo" in text
 
 

@@ -29,6 +29,9 @@ ADAM_STEP = 0.01            # -gl as Adam's step size: a coordinate moves by abo
 DEMO_SLOWDOWN = "1,1,4,8"   # the emulated demo cluster: two fast devices, one 4x, one 8x slower
 EVIDENCE = "docs/settings.md"
 SECRETS = frozenset({"state_token"})   # never in a record, a log or on a screen
+# An exchange costing this share of the slowest device's iteration, or more, is costly
+# (docs/settings.md#which-exchange-rule).
+COSTLY_EXCHANGE = 0.5
 
 
 @dataclass(frozen=True)
@@ -42,11 +45,23 @@ class Situation:
     workers: int = 1
     gpus: bool = False                   # some worker is a GPU
     user: Mapping[str, Any] = field(default_factory=dict)   # the flags the user gave, by dest
+    # One exchange's seconds over one iteration of the slowest device (esync.launch.
+    # exchange_cost); None: not measured (other machines' links, or nothing reads it).
+    exchange_ratio: float | None = None
+    exchange_basis: str = ""             # how the ratio was found, in words
 
     @property
     def free_links(self) -> bool:
         """Every process on this machine and no rate set: an exchange costs little."""
         return self.backend == "local" and not self.shaped
+
+    @property
+    def costly_exchange(self) -> bool:
+        """An exchange costs a large share of a round: by the measured ratio; where it was not
+        measured, any link with a rate or between machines counts as costly."""
+        if self.exchange_ratio is None:
+            return not self.free_links
+        return self.exchange_ratio >= COSTLY_EXCHANGE
 
     @property
     def demo(self) -> bool:
@@ -66,6 +81,7 @@ class Preset:
     sets: Mapping[str, Any]
     condition: str          # ``when`` in words, for --help, --explain and the docs
     evidence: str           # one line: where the measurements are
+    reads_exchange: bool = False   # ``when`` reads Situation.exchange_ratio (measured first)
 
 
 def _iid_esync(s: Situation, v) -> bool:
@@ -111,33 +127,39 @@ PRESETS: tuple[Preset, ...] = (
            dict(global_lr=ADAM_STEP, nesterov=False),
            "Adam as the outer step: -gl is its step size; it has no Nesterov form",
            f"{EVIDENCE}#class-shuffled-data-s-2"),
-    Preset("costly-links", lambda s, v: (s.tool == "esync-cluster" and s.split == 0
-                                         and not s.free_links),
+    Preset("costly-exchange", lambda s, v: (s.tool == "esync-cluster" and s.split == 0
+                                            and s.mode == "esync" and s.costly_exchange),
            dict(low_rank=32),
-           "i.i.d. data over shaped links (--net netns with a rate) or other machines' links: "
-           "deltas as rank-32 factors",
-           f"{EVIDENCE}#shaped-or-remote-links"),
-    Preset("costly-links-factors", lambda s, v: (s.tool == "esync-cluster" and s.split == 0
-                                                 and not s.free_links and bool(v.get("low_rank"))),
+           f"ESync on i.i.d. data where an exchange costs {COSTLY_EXCHANGE:g} of the slowest "
+           "device's iteration or more (measured before start; unmeasured: links with a rate or "
+           "between machines): deltas as rank-32 factors",
+           f"{EVIDENCE}#which-exchange-rule", reads_exchange=True),
+    Preset("costly-exchange-factors",
+           lambda s, v: (s.tool == "esync-cluster" and s.split == 0 and s.mode == "esync"
+                         and s.costly_exchange and bool(v.get("low_rank"))),
            dict(comm_share=0.2, overlap=False),
-           "those links with low-rank deltas: rounds stretched to an exchange share of 0.2",
-           f"{EVIDENCE}#shaped-or-remote-links"),
-    Preset("costly-links-full", lambda s, v: (s.tool == "esync-cluster" and s.split == 0
-                                              and not s.free_links and not v.get("low_rank")),
+           "that exchange with low-rank deltas: rounds stretched to an exchange share of 0.2",
+           f"{EVIDENCE}#which-exchange-rule", reads_exchange=True),
+    Preset("costly-exchange-full",
+           lambda s, v: (s.tool == "esync-cluster" and s.split == 0 and s.mode == "esync"
+                         and s.costly_exchange and not v.get("low_rank")),
            dict(comm_share=0.1, overlap=True),
-           "those links with deltas in full: rounds stretched to an exchange share of 0.1, "
+           "that exchange with deltas in full: rounds stretched to an exchange share of 0.1, "
            "the exchange overlapped with the next round",
-           f"{EVIDENCE}#shaped-or-remote-links"),
+           f"{EVIDENCE}#which-exchange-rule", reads_exchange=True),
     Preset("shaped-full", lambda s, v: (s.tool == "esync-cluster" and s.shaped
-                                        and s.mode == "esync" and not v.get("low_rank")),
+                                        and s.costly_exchange and s.mode == "esync"
+                                        and not v.get("low_rank")),
            dict(comm_dtype="float16"),
-           "shaped links with deltas in full: float16 on the wire",
-           f"{EVIDENCE}#shaped-or-remote-links"),
-    Preset("free-links", lambda s, v: s.tool == "esync-cluster" and s.split == 0 and s.free_links,
+           "a costly exchange over shaped links with deltas in full: float16 on the wire",
+           f"{EVIDENCE}#which-exchange-rule", reads_exchange=True),
+    Preset("cheap-exchange", lambda s, v: (s.tool == "esync-cluster" and s.split == 0
+                                           and s.mode == "esync" and not s.costly_exchange),
            dict(comm_share=1.0, overlap=False),
-           "i.i.d. data over free links (every process here, no rate): rounds of one slowest "
-           "iteration, nothing overlapped",
-           f"{EVIDENCE}#free-links"),
+           f"ESync on i.i.d. data where an exchange costs less than {COSTLY_EXCHANGE:g} of the "
+           "slowest device's iteration (free links: every process here, no rate): rounds of one "
+           "slowest iteration, nothing overlapped",
+           f"{EVIDENCE}#which-exchange-rule", reads_exchange=True),
     Preset("iid-carry", _iid_esync, dict(carry=True),
            "i.i.d. data wherever the exchange is not overlapped: the fast devices compute "
            "through it (carry)",
@@ -229,6 +251,11 @@ def explain(resolution: Resolution, parser: argparse.ArgumentParser, *, values=N
     if s.tool == "esync-cluster":
         lines.append(f"situation: backend {s.backend}, {links} links, -s {s.split}, "
                      f"-m {s.mode}, {s.workers} worker(s){', GPU devices' if s.gpus else ''}")
+        if s.exchange_basis:
+            ratio = "unknown" if s.exchange_ratio is None else f"{s.exchange_ratio:.2f}"
+            lines.append(f"exchange / slowest iteration: {ratio} "
+                         f"({'costly' if s.costly_exchange else 'cheap'}; "
+                         f"costly from {COSTLY_EXCHANGE:g}): {s.exchange_basis}")
     values = resolution.values if values is None else values
     sources = resolution.sources
     for group in parser._action_groups:

@@ -38,11 +38,15 @@ REFERENCE = {"name": "ResNet-18 on GPUs in a lab on 1 GbE", "model_mb": 46.8, "l
 RATIO = REFERENCE["transfer_ms"] / REFERENCE["compute_ms"]
 
 
-def measure_in_subprocess(network: str, batch_size: int, timeout: float = 600) -> dict:
+def measure_in_subprocess(network: str, batch_size: int, timeout: float = 600,
+                          timed: int | None = None) -> dict:
+    """The model's bytes and one iteration's seconds (``esync.worker.iteration_time``), measured
+    in a worker-like process; ``timed``: how many iterations to time (its default if None)."""
     env = {**os.environ, **python_env(), "OMP_NUM_THREADS": "1",
            "MXNET_CPU_WORKER_NTHREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "esync.worker.iteration_time", network,
-                           str(batch_size)], cwd=str(REPO), env=env, capture_output=True,
+                           str(batch_size), *([str(timed)] if timed else [])],
+                          cwd=str(REPO), env=env, capture_output=True,
                           text=True, timeout=timeout)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:

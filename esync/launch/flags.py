@@ -8,6 +8,7 @@ import argparse
 import os
 import shutil
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from esync import cli
@@ -17,6 +18,7 @@ from esync.common.argtypes import (UsageParser, bounded_number, non_negative_int
 from esync.common.presets import PresetHelpFormatter
 from esync.common.errors import UsageError
 import esync.launch.remote as remote
+from esync.launch import exchange_cost
 from esync.emulation.hosts import add_network_args, layout_from_args
 
 STATE_SERVER_RESTARTS = 3        # a state server that keeps dying is a failure, not a blip
@@ -152,6 +154,17 @@ def parse(parser, argv) -> argparse.Namespace:
     defaults = {k: v for k, v in vars(args).items() if k not in given}
     args.resolution = presets.resolve(defaults, situation, excluded=cli.preset_excluded,
                                       derived=derived)
+    if _reads_exchange(args.resolution, given):
+        # The exchange rule follows what an exchange costs: measured for the values resolved
+        # so far (the network, the devices, the links: no preset that reads the cost sets
+        # them), then resolved once more with it.
+        layout_from_args(args, args.workers)             # a bad --bandwidth fails first
+        cost = exchange_cost.estimate({**vars(args), **args.resolution.values},
+                                      device_list(args.resolution.values["devices"],
+                                                  args.workers))
+        situation = replace(situation, exchange_ratio=cost.ratio, exchange_basis=cost.basis)
+        args.resolution = presets.resolve(defaults, situation, excluded=cli.preset_excluded,
+                                          derived=derived)
     for dest, value in args.resolution.values.items():
         setattr(args, dest, value)
     # Every process gets absolute paths: workers run from the repository, the state server
@@ -195,6 +208,13 @@ def parse(parser, argv) -> argparse.Namespace:
     if args.backend != "kubernetes" and not args.explain:   # the pods check their own data
         check_before_start(args)
     return args
+
+
+def _reads_exchange(resolution, given) -> bool:
+    """Whether a preset that reads the exchange's cost applied and sets something the user did
+    not give (else the cost would change nothing, and nothing is measured)."""
+    return any(p.reads_exchange and p.name in resolution.presets and set(p.sets) - set(given)
+               for p in presets.PRESETS)
 
 
 def _per_worker_local_iters(values: tuple[int, ...], workers: int) -> tuple[int, ...]:
