@@ -214,6 +214,8 @@ def test_a_cluster_run_records_the_resolution_in_run_json(tmp_path, fashion_data
     assert resolved["sources"]["network"] == "preset demo"
     assert resolved["sources"]["slowdown_list"] == "user flag"
     assert "iid" in resolved["presets"] and resolved["values"]["aggregation"] == "weighted"
+    assert resolved["situation"]["exchange_ratio"] == 0.0      # loopback: no link rate
+    assert "cheap-exchange" in resolved["presets"]
     assert run["network"] == "lenet"        # rank 0's own record of its flags stays beside it
 
 
