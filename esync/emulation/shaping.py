@@ -39,12 +39,13 @@ RATIO = REFERENCE["transfer_ms"] / REFERENCE["compute_ms"]
 
 
 def measure_in_subprocess(network: str, batch_size: int, timeout: float = 600,
-                          timed: int | None = None) -> dict:
+                          timed: int | None = None, prefix: list[str] = ()) -> dict:
     """The model's bytes and one iteration's seconds (``esync.worker.iteration_time``), measured
-    in a worker-like process; ``timed``: how many iterations to time (its default if None)."""
+    in a worker-like process; ``timed``: how many iterations to time (its default if None);
+    ``prefix``: an argv prefix to start it with (a cgroup's ``exec_prefix``)."""
     env = {**os.environ, **python_env(), "OMP_NUM_THREADS": "1",
            "MXNET_CPU_WORKER_NTHREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "esync.worker.iteration_time", network,
+    proc = subprocess.run([*prefix, sys.executable, "-m", "esync.worker.iteration_time", network,
                            str(batch_size), *([str(timed)] if timed else [])],
                           cwd=str(REPO), env=env, capture_output=True,
                           text=True, timeout=timeout)

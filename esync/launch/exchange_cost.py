@@ -23,13 +23,13 @@ start: the ratio stays unknown and the presets treat the exchange as costly, as 
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from dataclasses import dataclass
 
 from esync.common.argtypes import slowdown_factors
-from esync.emulation import shaping, standalone_cap
-from esync.emulation.cgroups import default_share
+from esync.emulation import cgroups, shaping, standalone_cap
 from esync.emulation.hosts import PS_HOST, layout_from_args
 from esync.launch.resources import emulates_devices
 
@@ -52,8 +52,28 @@ def _probe(network: str, batch_size: int) -> tuple[int, float]:
     per process (a benchmark or a test resolves many runs of one network). The fastest of the
     probe's iterations, not their median: what the device computes at, where other work may
     share this machine while it is measured."""
-    found = shaping.measure_in_subprocess(network, batch_size, timed=PROBE_ITERATIONS)
+    with _weighted_group() as prefix:
+        found = shaping.measure_in_subprocess(network, batch_size, timed=PROBE_ITERATIONS,
+                                              prefix=prefix)
     return int(found["model_bytes"]), float(found["fastest_s"])
+
+
+@contextlib.contextmanager
+def _weighted_group():
+    """An argv prefix that runs the probe in an uncapped cgroup weighing as much as the
+    launcher's workers (``cgroups.DEFAULT_WEIGHT`` ordinary processes), so that other work on a
+    busy machine slows it no more than it will slow them; no prefix where cgroups are out of
+    reach (not root)."""
+    controller = cgroups.find_cpu_controller()
+    if isinstance(controller, str):
+        yield []
+        return
+    caps = cgroups.CpuCaps(controller)              # the kernel's CFS slice left as it is
+    try:
+        caps.cap("probe", None)
+        yield caps.exec_prefix("probe")
+    finally:
+        caps.close()
 
 
 def link_seconds(model_bytes: int, worker_hosts, rates: dict) -> float | None:
@@ -81,7 +101,7 @@ def x1_share(values, factors: list[float]) -> float:
         return float(values["cpu_share"])
     if standalone_cap.cgroups_unavailable():
         return 1.0                               # the launcher will sleep instead
-    return default_share(factors, cores=len(os.sched_getaffinity(0)))
+    return cgroups.default_share(factors, cores=len(os.sched_getaffinity(0)))
 
 
 def estimate(values, devices: list[str], *, probe=_probe) -> ExchangeCost:
