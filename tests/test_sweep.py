@@ -147,3 +147,27 @@ def test_flags_after_the_testbed_override_it(data_dir, tmp_path):
     args = benchmark.parse_args(["-dd", str(data_dir), "--out", str(tmp_path / "o"),
                                  "--testbed", "esync-journal", "--modes", "esync,sync"])
     assert args.mode_list == ["esync", "sync"]
+
+
+def hand_made_results(plans, times: dict[str, dict[str, list]]) -> dict:
+    """``metrics.results``-shaped entries holding only each row's times to the target."""
+    from esync.benchmark import stats
+    return {p.name: {"rows": {name: {"time": stats.spread(values, censored=True)}
+                              for name, values in times[p.name].items()}, "per_rep": {}}
+            for p in plans[1:]}
+
+
+def test_the_table_has_a_column_per_gap_and_bolds_each_gaps_fastest_row(data_dir, tmp_path):
+    args = sweep_args(data_dir, tmp_path, "--budget", "30")
+    plans = sweep.build(args, tmp_path / "o")
+    alone = {sweep.FAST_ALONE: [20.0], "local": [28.0]}
+    results = hand_made_results(plans, {
+        "gap1": {"esync": [10.0], "sync": [15.0], "async": [12.0], "dcasgd": [13.0], **alone},
+        "gap16": {"esync": [22.0], "sync": [None], "async": [25.0], "dcasgd": [26.0], **alone},
+        "gap150": {"esync": [None], "sync": [None], "async": [29.0], "dcasgd": [None],
+                   **alone}})
+    lines = sweep.table(plans, results, 0.85)
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ")[1:] for line in lines[2:]}
+    assert rows["ESync (the launcher's defaults)"][:2] == ["**10.0**", "22.0"]
+    assert rows[sweep.alone_rows()[0].label][2].rstrip(" |") == "**20.0**"
+    assert rows["ESync (the launcher's defaults)"][2].rstrip(" |") == "not reached in 30 s"

@@ -281,17 +281,52 @@ def draw(plans: list[GapPlan], results: dict[str, dict], target: float, out: Pat
             ax.errorbar(xs, ys, yerr=[lows, highs], marker="o", capsize=3, label=row.label,
                         color=modes.colour(row.name), linestyle="--" if row in plans[0].rows
                         else "-")
+    if not ax.lines:
+        ax.text(0.5, 0.5, f"no row reached {target:g} at any gap", ha="center",
+                transform=ax.transAxes)
     ax.set_xscale("log")
+    ax.set_xticks([p.gap for p in gaps], [f"{p.gap:g}:1" for p in gaps])
+    ax.minorticks_off()
     ax.set_xlabel("gap (slow-down of the two slow devices against the two x1 devices)")
     ax.set_ylabel(f"time to {target:g} test accuracy (s)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    if ax.lines:
+        ax.legend(fontsize=8)
     fig.tight_layout()
     path = out / "figures" / "sweep-time-to-target.png"
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def advisor_rows(plans: list[GapPlan], results: dict[str, dict], target: float) -> list[str]:
+    """Per gap, ``esync-advise`` on the first ESync run against what the sweep measured: the
+    whole cluster (ESync's median) and the fast devices alone (the advisor predicts ESync on
+    them; the sweep's row is SSGD with momentum), and its advice."""
+    from esync.analysis import advise
+    lines = [f"| gap | predicted, every device | measured, ESync | predicted, fast devices "
+             f"alone | measured, fast devices alone | advice |",
+             "| --- | ---: | ---: | ---: | ---: | --- |"]
+    for p in plans[1:]:
+        rows = results[p.name]["rows"]
+        measured = [stats.time_cell(rows.get(name, {}).get("time"), p.args.budget)
+                    for name in ("esync", FAST_ALONE)]
+        job = next((j for j in p.jobs or [] if j.row.name == "esync" and j.ok), None)
+        try:
+            if job is None:
+                raise advise.AdviceError("no ESync run finished")
+            advice = advise.advise(advise.read(job.folder, target))
+        except advise.AdviceError as exc:
+            lines.append(f"| {p.gap:g}:1 | {exc} | {measured[0]} | | {measured[1]} | |")
+            continue
+        by_label = {label: prediction for label, prediction in advice["predictions"]}
+        whole = by_label["every device"].time_s
+        fast = by_label.get("the fast devices alone")
+        lines.append(f"| {p.gap:g}:1 | {whole:.1f} | {measured[0]} | "
+                     f"{'-' if fast is None else f'{fast.time_s:.1f}'} | {measured[1]} | "
+                     f"fastest: {advice['best'][0]} |")
+    return lines
 
 
 def describe(args, plans: list[GapPlan], share: float | None) -> list[str]:
@@ -327,6 +362,11 @@ def render(args, plans, results, share, *, command: str, figure: Path | None,
          "gap; the best per gap in bold.", "", *table(plans, results, args.target), ""]
     if figure is not None:
         L += [f"![time to target against the gap]({figure.relative_to(Path(args.out))})", ""]
+    L += ["## The advisor against the sweep", "",
+          f"`esync-advise` on each gap's first ESync run (time to {args.target:g}, s): its "
+          "prediction for the whole cluster against ESync's measured median, and for the fast "
+          "devices alone (ESync on them) against the sweep's fast-devices row.", "",
+          *advisor_rows(plans, results, args.target), ""]
     L += ["## Learning rates", ""]
     for p in plans:
         chosen = ", ".join(f"{g} {e['lr']:g}" for g, e in (p.tuning or {}).items()
