@@ -19,8 +19,9 @@ small caps need long CFS periods (``esync.emulation.cgroups.quota_for`` grows th
 ``cap_table`` says where a device's cap becomes coarse against its iteration.
 
 The report, ``OUT/sweep.md``: one table (time to --target per row and gap, median and range
-over the repeats), one figure (the same against the gap, log x), the caps; ``OUT/sweep.json``
-holds every gap's numbers. ``esync-advise`` predicts the same times from one run's logs.
+over the repeats), one figure (the same against the gap, log x), ``esync-advise``'s
+predictions from each gap's first ESync run beside the measured times, the caps;
+``OUT/sweep.json`` holds every gap's numbers.
 """
 from __future__ import annotations
 
