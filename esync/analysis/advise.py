@@ -55,10 +55,10 @@ from esync.common.argtypes import HelpFormatter
 PROG = "esync-advise"
 ROUND_MODES = ("esync", "sync")
 ASYNC_MODES = ("async", "dcasgd")
-SLOW_RATIO = 1.5      # a device is slow when its iteration lasts this much longer than the fastest's
+SLOW_RATIO = 1.5      # slow: an iteration this many times longer than the fastest device's
 NO_LOGS = ("{folder}: no run here: give the mode folder of an earlier run "
-           "(<log dir>/<network>/<mode>, holding <host>/<device>/iter-N.txt and run.json), "
-           "or the -ld folder of a run")
+           f"(<log dir>/<network>/<mode>, holding <host>/<device>/{runlayout.ROUND_LOG_PATTERN} "
+           f"and {runlayout.RUN_FILE}), or the -ld folder of a run")
 UNKNOWN_DEVICE = "{device!r} is not a device of this run; its devices are {known}"
 
 
@@ -133,10 +133,10 @@ def device_of(name: str, entry: dict) -> Device:
 
 def samples_to(evaluations: dict | None, target: float) -> float:
     """Global samples at which the evaluations first reached ``target``, interpolated between
-    the checkpoints around the crossing (from zero samples at chance before the first)."""
+    the checkpoints around the crossing (from no samples and no accuracy before the first)."""
     if not evaluations or not evaluations.get("accuracy_list"):
-        raise AdviceError("the run has no evaluations (evaluations.jsonl): the advisor needs "
-                          "its accuracy against samples; run it with the evaluator (the "
+        raise AdviceError(f"the run has no evaluations ({runlayout.EVALUATIONS}): the advisor "
+                          "needs its accuracy against samples; run it with the evaluator (the "
                           "launcher's default)")
     points = [(s, a) for s, a in zip(evaluations["samples_list"], evaluations["accuracy_list"])
               if s is not None]
@@ -260,7 +260,8 @@ def render(run: Run, advice: dict) -> list[str]:
          f"{run.target:g}; one exchange {run.exchange_s:.3f} s",
          "| device | iteration (s) | samples/s |", "| --- | ---: | ---: |"]
     L += [f"| {d.name} | {d.iteration_s:.4g} | {d.samples_per_s:.1f} |" for d in run.devices]
-    L += ["", f"| devices | samples/s | round (s) | rounds | predicted time to {run.target:g} (s) |",
+    L += ["", "| devices | samples/s | round (s) | rounds | predicted time to "
+              f"{run.target:g} (s) |",
           "| --- | ---: | ---: | ---: | ---: |"]
     for label, p in advice["predictions"]:
         round_s = "-" if p.round_s is None else f"{p.round_s:.3g}"
@@ -299,8 +300,9 @@ def main(argv=None) -> int:
             if not kept:
                 raise AdviceError("--without leaves no device: keep at least one")
             p = predict(run, kept)
+            everyone = predict(run, [d.name for d in run.devices])
             lines = [f"{PROG}: without {', '.join(left_out)}: {p.time_s:.1f} s to "
-                     f"{args.target:g} (every device: {predict(run, [d.name for d in run.devices]).time_s:.1f} s)"]
+                     f"{args.target:g} (every device: {everyone.time_s:.1f} s)"]
             data = {"devices": list(p.devices), "time_s": p.time_s}
         else:
             advice = advise(run)

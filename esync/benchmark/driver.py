@@ -195,7 +195,8 @@ def main(argv=None) -> int:
     command = shlex.join([PROG, *argv])
     if args.gap_sweep:
         from esync.benchmark import sweep
-        return sweep.run(args, command)
+        return sweep.run(args, command, sweep.DriverSteps(
+            tune=tune, run_all=_run_all, eta=Eta, chosen_rates=chosen_rates))
     out = Path(args.out).resolve()
     args.out = str(out)
     started, t0 = datetime.now(), time.monotonic()

@@ -30,15 +30,18 @@ import json
 import math
 import os
 import shlex
+import signal
 import sys
 import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Callable
 
 import esync.benchmark.metrics as metrics
 import esync.benchmark.plan as plan
 from esync.benchmark import stats
+from esync.benchmark.options import PROG
 from esync.benchmark.plan import LOOPBACK, Job, Row
 from esync.common import modes
 from esync.common.errors import UsageError
@@ -432,21 +435,35 @@ def check_caps(gaps: list[float], share: float) -> None:
                          f"{share / cgroups.MIN_CORES:g}, or use --emulation sleep")
 
 
-def run(args, command: str) -> int:
+@dataclass(frozen=True)
+class DriverSteps:
+    """The benchmark driver's steps the sweep runs as the benchmark does: passed in by the
+    driver, which dispatches ``--gap-sweep`` here (so this module does not import it back)."""
+    tune: Callable           # (args, out, rows, tune_jobs, progress, eta, cap) -> (jobs, tuning)
+    run_all: Callable        # (jobs, progress, timeout, eta)
+    eta: Callable            # (jobs) -> an Eta
+    chosen_rates: Callable   # (args, rows, tuning) -> {group: rate}
+
+
+def _stop_on_sigterm(*_):
+    """A SIGTERM stops the sweep as Ctrl-C does: the run in progress is stopped first."""
+    raise KeyboardInterrupt
+
+
+def run(args, command: str, driver: DriverSteps) -> int:
     """The sweep from parsed benchmark options (``--gap-sweep``): plan, tune, run, report."""
-    from esync.benchmark import driver
     from esync.benchmark.runs import Progress
     from esync.emulation.standalone_cap import StandaloneCap
     try:
         resolve(args)
     except UsageError as exc:
-        print(f"{driver.PROG}: error: {exc}", file=sys.stderr)
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     out = Path(args.out).resolve()
     args.out = str(out)
     plans = build(args, out)
     for line in describe(args, plans, args.cpu_share):
-        print(f"{driver.PROG}: {line}")
+        print(f"{PROG}: {line}")
     if args.dry_run:
         for p in plans:
             for job in p.tune_jobs + plan.full_jobs(p.args, p.out, p.rows, [LOOPBACK], {
@@ -458,9 +475,10 @@ def run(args, command: str) -> int:
     out.mkdir(parents=True, exist_ok=True)
     started, t0 = datetime.now(), time.monotonic()
     progress = Progress(sum(len(p.tune_jobs) + len(p.rows) * args.repeats for p in plans))
-    eta = driver.Eta([j for p in plans for j in p.tune_jobs])
+    eta = driver.eta([j for p in plans for j in p.tune_jobs])
     cap = StandaloneCap(gap_args(args, None))
     problems: list[str] = []
+    previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)
     try:
         with cap:
             for p in plans:
@@ -470,11 +488,14 @@ def run(args, command: str) -> int:
             jobs = full_jobs(plans, rates)
             eta.left += sum(eta.of(j) for j in jobs)
             cap.apply(jobs)
-            driver._run_all(jobs, progress, args.job_timeout, eta)
+            driver.run_all(jobs, progress, args.job_timeout, eta)
     except KeyboardInterrupt:
         progress.close()
-        print(f"{driver.PROG}: interrupted; no report", file=sys.stderr)
+        print(f"{PROG}: interrupted; the run in progress was stopped; no report",
+              file=sys.stderr)
         return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     progress.close()
     if cap.problem:
         problems.append(cap.problem)
@@ -493,5 +514,5 @@ def run(args, command: str) -> int:
                   started=started, seconds=time.monotonic() - t0, problems=problems)
     (out / "sweep.md").write_text(text + "\n")
     (out / "sweep.json").write_text(json.dumps(to_json(plans, results), indent=1) + "\n")
-    print(f"{driver.PROG}: report written to {out / 'sweep.md'}")
+    print(f"{PROG}: report written to {out / 'sweep.md'}")
     return 1 if problems else 0
