@@ -90,6 +90,52 @@ def _run_all(jobs, progress: Progress, timeout: float | None, eta: Eta) -> None:
         progress.end(job, eta.done(job))
 
 
+def tune(args, out: Path, rows, tune_jobs, progress: Progress, eta: Eta, cap):
+    """Run the tuning grid ``tune_jobs`` of ``rows``, then the runs its results call for
+    (widening, lengthening, confirming: ``plan``); -> (every tuning run, the choice per group).
+    The sweep tunes each gap's rows with it, as the benchmark tunes its own."""
+    cap.apply(tune_jobs)
+    _run_all(tune_jobs, progress, args.job_timeout, eta)
+    tuning = metrics.best_learning_rates(tune_jobs) if tune_jobs else None
+
+    def run_more(more, why, planned=False):
+        """More tuning runs once the grid has run; the choice is made again with them."""
+        nonlocal tune_jobs, tuning
+        progress.note(why + ", ".join(f"{j.row.group} {j.lr:g}" for j in more))
+        if not planned:                  # not in the plan's count and estimate yet
+            progress.extend(len(more))
+            eta.left += sum(eta.of(j) for j in more)
+        cap.apply(more)
+        _run_all(more, progress, args.job_timeout, eta)
+        tune_jobs += more
+        tuning = metrics.best_learning_rates(tune_jobs)
+
+    def widen():
+        """A best rate at an edge of the grid may not be the best: try beyond it."""
+        while tuning and (wider := plan.widening_jobs(args, out, rows, tuning)):
+            run_more(wider, "learning-rate grid widened: ")
+
+    widen()
+    longer = plan.lengthening_jobs(args, out, rows, tuning)
+    if longer:
+        # a by-class row whose short runs have not left chance cannot rank its rates
+        run_more(longer, f"tuning runs lengthened to {longer[0].budget:g} s (no rate "
+                         f"left chance in {longer[0].budget / plan.LENGTHENING:g} s): ")
+        widen()                  # the longer runs' best may sit at an edge
+    confirming = plan.confirming_jobs(args, out, rows, tuning)
+    if confirming:
+        # the best rates again with the next seed: one seed cannot tell a good rate
+        # from one that diverges in another
+        run_more(confirming, f"confirming with {plan.describe_seeds(confirming)}: ",
+                 planned=True)
+        widen()      # the mean over the seeds may move the best to an edge
+    if tuning:
+        progress.note("learning rates: " + ", ".join(
+            f"{g} {e['lr']:g}" if e["lr"] is not None else f"{g} default"
+            for g, e in tuning.items()))
+    return tune_jobs, tuning
+
+
 def chosen_rates(args, rows, tuning: dict | None) -> dict[str, float]:
     """Each tuning group's learning rate: the tuning's best, else -l/-ll."""
     rates = {}
@@ -147,6 +193,10 @@ def main(argv=None) -> int:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     command = shlex.join([PROG, *argv])
+    if args.gap_sweep:
+        from esync.benchmark import sweep
+        return sweep.run(args, command, sweep.DriverSteps(
+            tune=tune, run_all=_run_all, eta=Eta, chosen_rates=chosen_rates))
     out = Path(args.out).resolve()
     args.out = str(out)
     started, t0 = datetime.now(), time.monotonic()
@@ -197,44 +247,7 @@ def main(argv=None) -> int:
             progress.note("standalone SGD: " + (
                 f"capped at {cap.share:g} core, like a ×1 device of the cluster"
                 if cap.share is not None else f"uncapped ({cap.reason})"))
-            cap.apply(tune_jobs)
-            _run_all(tune_jobs, progress, args.job_timeout, eta)
-            tuning = metrics.best_learning_rates(tune_jobs) if tune_jobs else None
-            def run_more(more, why, planned=False):
-                """More tuning runs once the grid has run; the choice is made again with them."""
-                nonlocal tune_jobs, tuning
-                progress.note(why + ", ".join(f"{j.row.group} {j.lr:g}" for j in more))
-                if not planned:                  # not in the plan's count and estimate yet
-                    progress.extend(len(more))
-                    eta.left += sum(eta.of(j) for j in more)
-                cap.apply(more)
-                _run_all(more, progress, args.job_timeout, eta)
-                tune_jobs += more
-                tuning = metrics.best_learning_rates(tune_jobs)
-
-            def widen():
-                """A best rate at an edge of the grid may not be the best: try beyond it."""
-                while tuning and (wider := plan.widening_jobs(args, out, rows, tuning)):
-                    run_more(wider, "learning-rate grid widened: ")
-
-            widen()
-            longer = plan.lengthening_jobs(args, out, rows, tuning)
-            if longer:
-                # a by-class row whose short runs have not left chance cannot rank its rates
-                run_more(longer, f"tuning runs lengthened to {longer[0].budget:g} s (no rate "
-                                 f"left chance in {longer[0].budget / plan.LENGTHENING:g} s): ")
-                widen()                  # the longer runs' best may sit at an edge
-            confirming = plan.confirming_jobs(args, out, rows, tuning)
-            if confirming:
-                # the best rates again with the next seed: one seed cannot tell a good rate
-                # from one that diverges in another
-                run_more(confirming, f"confirming with {plan.describe_seeds(confirming)}: ",
-                         planned=True)
-                widen()      # the mean over the seeds may move the best to an edge
-            if tuning:
-                progress.note("learning rates: " + ", ".join(
-                    f"{g} {e['lr']:g}" if e["lr"] is not None else f"{g} default"
-                    for g, e in tuning.items()))
+            tune_jobs, tuning = tune(args, out, rows, tune_jobs, progress, eta, cap)
             jobs = plan.full_jobs(args, out, rows, settings, chosen_rates(args, rows, tuning))
             cap.apply(jobs)
             _run_all(jobs, progress, args.job_timeout, eta)

@@ -88,6 +88,23 @@ DATA_SPLITS = {"iid": 0, "by-class": 1, "by-class-shuffled": 2}
 DATA_ALIASES = {"both": "iid,by-class"}
 
 
+# Named clusters (--testbed): (what it is, the benchmark flags it stands for). The ESync journal
+# paper's testbed (IEEE TSC 15(4), 2022): 6 GPUs and 6 CPUs, a compute gap of 150:1, compared by
+# time to 0.80 against SSGD and final accuracy against one device alone (Table 1 and the final
+# column). On 2 cores the launcher scales every cap down to fit (a x1 device 1.2 / 6.04 = 0.199
+# core, a x150 one 0.0013); its rows are ESync (the free-link row), SSGD and one device alone,
+# i.i.d., loopback.
+JOURNAL_FACTORS = ",".join(["1"] * 6 + ["150"] * 6)
+TESTBEDS = {
+    "esync-journal": ("6 x1 and 6 x150 devices (ESync's journal testbed), ESync, SSGD and one "
+                      "device alone, i.i.d., loopback, Table 1 at 0.80",
+                      ["--workers", "12", "--slowdown", JOURNAL_FACTORS,
+                       "--modes", "esync,sync,local", "--data", "iid", "--net", "loopback",
+                       "--scenarios", "static", "--table1-target", "0.80",
+                       "--aggregations", DEFAULT_AGGREGATIONS.split(",")[0]]),
+}
+
+
 # The shifting scenario's change at a quarter of the budget: at half (20 s of 40), where it
 # was, ESync had reached 0.85 before it in every run of the default benchmark (13-15 s), so its
 # time to the target did not see the change at all.
@@ -531,6 +548,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="under cpu-cap, let each device's compute (and standalone SGD's) move "
                         "between cores (esync-cluster --no-cpu-pinning); by default each "
                         "computes on one core")
+    w = parser.add_argument_group("heterogeneity (issue 58: wide gaps, the journal's testbed)")
+    w.add_argument("--gap-sweep", default=None, metavar="GAPS",
+                   help="instead of the rows above: per gap G (comma-separated, e.g. "
+                        "1,4,16,64,150,300) two x1 devices and two at G, ESync under the "
+                        "launcher's defaults against SSGD, ASGD, DC-ASGD, the fast devices "
+                        "alone and one device alone, each tuned; report OUT/sweep.md "
+                        "(esync/benchmark/sweep.py); --workers and --slowdown are the sweep's")
+    w.add_argument("--testbed", choices=sorted(TESTBEDS), default=None,
+                   help="a named cluster: its flags come first, yours override them. "
+                        + "; ".join(f"{name}: {text}" for name, (text, _) in TESTBEDS.items()))
     o = parser.add_argument_group("output")
     o.add_argument("--dry-run", action="store_true",
                    help="print the plan (runs, commands, the time estimate) and exit")
@@ -542,8 +569,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def with_testbed(argv: list[str]) -> list[str]:
+    """``argv`` with a ``--testbed``'s flags in front of it (the user's own flags win)."""
+    known, _ = build_parser().parse_known_args(argv)
+    return list(argv) if known.testbed is None else [*TESTBEDS[known.testbed][1], *argv]
+
+
 def parse_args(argv) -> argparse.Namespace:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(with_testbed(list(argv)))
     args.mode_list = parse_modes(args.modes)
     args.slowdowns = slowdown_factors(args.slowdown, args.workers)
     args.aggregation_list = parse_aggregations(args.aggregations)
