@@ -31,7 +31,7 @@ EVIDENCE = "docs/settings.md"
 SECRETS = frozenset({"state_token"})   # never in a record, a log or on a screen
 # An exchange costing this share of the slowest device's iteration, or more, is costly
 # (docs/settings.md#which-exchange-rule).
-COSTLY_EXCHANGE = 0.5
+COSTLY_EXCHANGE = 2.0
 
 
 @dataclass(frozen=True)
