@@ -49,11 +49,16 @@ def test_a_late_delta_is_scaled_down_by_the_rounds_it_missed():
     assert late_weight(9) == pytest.approx(0.1)
 
 
-def _after_round_one(*, late: bool):
-    """Two workers, rank 1 50x slower; round 1 ends with the slow device's "ready"."""
+def _after_round_one(*, late: bool, slow_rank: int = 1):
+    """Two workers, rank ``slow_rank`` 50x slower; round 1 ends with its "ready"."""
     clock = FakeClock()
     job = JobState(num_workers=2, epsilon=0.0, policy="dynamic", clock=clock,
                    sizing=RoundSizing(late=late))
+    if slow_rank == 0:
+        job.decide(0, 0, 0.0, t=1)
+        job.decide(1, 1, FAST_C, t=1)
+        clock.advance(SLOW_C)
+        return job, clock, job.decide(0, 1, SLOW_C, t=1)
     job.decide(1, 0, 0.0, t=1)
     job.decide(0, 1, FAST_C, t=1)
     clock.advance(SLOW_C)
@@ -66,6 +71,11 @@ def _after_round_one(*, late: bool):
 def test_the_slow_devices_ready_tells_it_to_run_late():
     _, _, slow_ready = _after_round_one(late=True)
     assert slow_ready.late
+
+
+def test_rank_0_never_runs_late():
+    _, _, slow_ready = _after_round_one(late=True, slow_rank=0)
+    assert slow_ready.ready and not slow_ready.late
 
 
 def test_a_job_whose_workers_cannot_run_late_never_tells_one_to():

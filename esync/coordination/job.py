@@ -542,7 +542,8 @@ class JobState:
             me.ready = True
             self._round_changed = True
             already = {r for r, worker in enumerate(self._workers) if worker.late}
-            me.told_late = self._may_run_late and rank in late_ranks(
+            # Never rank 0: it writes the checkpoints the evaluator scores, once per its round.
+            me.told_late = self._may_run_late and rank != 0 and rank in late_ranks(
                 [w.c for w in self._workers], already=already)
         if me.told_late:
             return Decision(True, wait=wait, late=True)
