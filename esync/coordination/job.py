@@ -121,10 +121,12 @@ class _Worker:
     # Communication time of its last exchange (smoothed; None: never reported).
     comm: float | None = None
     # Running late (``rules.late_ranks``): left out of the rounds' sizing. ``told_late``: what
-    # its last "ready" said, in force from its next round on (the round of that "ready" ends
-    # with its push either way: a late push, or the push the others wait for).
+    # its last "ready" said, in force from round ``late_from`` on, the round after that
+    # "ready" (which ends with its push either way: a late push, or the push the others wait
+    # for), whether or not it has entered that round yet; ``late`` before then.
     late: bool = False
     told_late: bool = False
+    late_from: int = 0
 
 
 @dataclass(frozen=True)
@@ -205,7 +207,7 @@ class JobState:
             self._record_report(me, k, c, now)
             self._record_comm(me, d)
             self._dirty.add(rank)
-            if me.late:
+            if self._late_now(me):
                 # A late worker runs one iteration a round, asks after it and is never waited
                 # for: its stand-in takes part in the others' rounds meanwhile.
                 return self._become_ready(rank) if k > 0 else NOT_READY
@@ -461,7 +463,7 @@ class JobState:
                     "seen_ago": None if w.seen is None else round(now - w.seen, 6),
                     "overhead": w.overhead, "planned_k": w.planned_k, "requests": w.requests,
                     "slack": self._slack(rank, s) if w.c > 0 else None, "comm": w.comm,
-                    **({"late": True} if w.late else {}),
+                    **({"late": True} if self._late_now(w) else {}),
                 })
             return {"job": self.name, "policy": self.policy, "epsilon": self.epsilon,
                     "sizing": self.sizing.as_dict(), "round_length": self._round_length(),
@@ -524,7 +526,6 @@ class JobState:
         me.round_start = now
         me.started = False
         me.round = t
-        me.late = me.told_late
         self._dirty.add(rank)
         self._round_changed = self._round_changed or durable
         if record is not None:
@@ -541,10 +542,12 @@ class JobState:
         if not me.ready:
             me.ready = True
             self._round_changed = True
-            already = {r for r, worker in enumerate(self._workers) if worker.late}
+            already = {r for r, worker in enumerate(self._workers) if self._late_now(worker)}
+            me.late = self._late_now(me)
             # Never rank 0: it writes the checkpoints the evaluator scores, once per its round.
             me.told_late = self._may_run_late and rank != 0 and rank in late_ranks(
                 [w.c for w in self._workers], already=already)
+            me.late_from = self.current_round + 1
         if me.told_late:
             return Decision(True, wait=wait, late=True)
         return Decision(True, wait=wait) if wait else READY
@@ -552,6 +555,10 @@ class JobState:
     @property
     def _may_run_late(self) -> bool:
         return self.sizing.late and self.policy == "dynamic"
+
+    def _late_now(self, worker: _Worker) -> bool:
+        """Whether ``worker`` runs late in the current round (``_Worker.late_from``)."""
+        return worker.told_late if self.current_round >= worker.late_from else worker.late
 
     def _record_report(self, me: _Worker, k: int, c: float, now: float) -> None:
         me.requests += 1
@@ -578,7 +585,7 @@ class JobState:
             if self._stretched.round == self.current_round:
                 return self._stretched.length
             self._stretched = None
-        on_time = [worker.c for worker in self._workers if not worker.late]
+        on_time = [worker.c for worker in self._workers if not self._late_now(worker)]
         c_s = max(on_time)
         cost = transfer_estimate([w.comm for w in self._workers])
         overhead = 0.0
@@ -610,7 +617,8 @@ class JobState:
 
     def _slowest(self) -> int:
         """Rank with the largest c among the workers not running late (lowest rank on ties)."""
-        return slowest_rank([0.0 if worker.late else worker.c for worker in self._workers])
+        return slowest_rank([0.0 if self._late_now(worker) else worker.c
+                             for worker in self._workers])
 
     def _slack(self, rank: int, s: int) -> float:
         return slack_of(self.epsilon, c_i=self._workers[rank].c, num_workers=self.num_workers,

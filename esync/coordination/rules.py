@@ -207,10 +207,11 @@ def round_length(c_s: float, comm: float, sizing: RoundSizing = COMPUTE_ONLY,
 
 # A device runs late when its iteration takes more than LATE_RATIO times the fastest device's;
 # a round then lasts BOUNDED_ROUND_ITERATIONS of the fastest device's iterations (or the
-# slowest on-time device's iteration, if longer).
+# slowest on-time device's iteration, if longer): the round of the default 1,1,4,8 cluster,
+# for which the outer step's settings were tuned.
 LATE_RATIO = 16.0
 STAY_LATE_RATIO = 8.0
-BOUNDED_ROUND_ITERATIONS = 4
+BOUNDED_ROUND_ITERATIONS = 8
 
 
 def late_ranks(durations, *, already=frozenset(), ratio: float = LATE_RATIO) -> set[int]:
@@ -224,7 +225,7 @@ def late_ranks(durations, *, already=frozenset(), ratio: float = LATE_RATIO) -> 
     devices of the 1,1,50,150 cluster compute 300 iterations per round, the slow pair 4 (1.3%
     of the round's samples), and the model moves once every 12-15 s. Not waiting costs that
     device's samples their freshness only: its delta arrives ``G / BOUNDED_ROUND_ITERATIONS``
-    rounds late and is scaled down by that many (``late_weight``). At a gap of 8 (1,1,4,8) the
+    rounds late and is scaled down by as much (``late_weight``). At a gap of 8 (1,1,4,8) the
     slow devices hold 3/(8 + 8 + 2 + 1) = 16% of a round's samples, and rounds of 8 fast
     iterations are already short: waiting is worth it, and a ratio of 16 (twice that gap, so
     that timing noise near it never flips the decision) leaves that cluster as it was."""
