@@ -36,6 +36,13 @@ Two policies, chosen per job at ``init``:
     clock (``Decision.wait``, ``remaining`` above; 0 for the slowest itself and once it is
     ready): the time this worker would idle at the exchange, which ``--carry`` spends computing.
 
+    Late devices (``late_ranks``, on a job whose workers support them: ``RoundSizing.late``):
+    a device whose iteration exceeds 16 times the fastest device's is told so with its "ready"
+    (``Decision.late``); from the next round on it is left out of ``s`` and the rounds last
+    ``bounded_length`` (8 of the fastest device's iterations), while it computes and a stand-in
+    pushes for it (``esync.worker.algorithms.esync.late``); it is "ready" after each of its
+    iterations. Rank 0 never runs late (it writes the checkpoints the evaluator scores).
+
 ``planned`` (new: one request per worker per round)
     ``JobState.plan(rank, c)`` is called once at the start of a round and returns
     ``k_i = max(1, floor((c_s - slack_i) / c_i))`` from the latest known ``c`` of every worker;
