@@ -322,6 +322,18 @@ def test_esync_outer_adam_is_fedadam_on_the_workers_deltas(dumped_runs):
                    for t in range(2, UNEQUAL_ROUNDS + 1)) > 1e-2, wrong
 
 
+def unequal_k_run(rule, momentum, nesterov, wire, carry) -> tuple:
+    """The flags of a run of two workers slowed 1x and 8x (unequal k_i) with this aggregation
+    rule, outer momentum and wire type; with ``carry``, the dynamic policy and --carry, else the
+    planned policy (whose i.i.d. preset carries too)."""
+    return ("-m", "esync", "--workers", 2, "--policy", "dynamic" if carry else "planned",
+            *(["--carry"] if carry else []), "--slowdown", UNEQUAL_SLOWDOWN,
+            "--aggregation", rule, "--outer-momentum", momentum,
+            "--nesterov" if nesterov else "--no-nesterov", "-gl", OUTER_GL, "-ll", LR,
+            *ORIGINAL_ROUNDS, "-b", BATCH, "--max-rounds", UNEQUAL_ROUNDS, "-e", 1,
+            "--max-seconds", 0, "--seed", SEED, "--no-evaluator", "--comm-dtype", wire)
+
+
 @pytest.mark.parametrize("rule,momentum,nesterov,wire,carry", [
     ("weighted", 0.0, False, "float32", False), ("fednova", 0.0, False, "float32", False),
     ("sum", 0.0, False, "float32", False), ("weighted", 0.5, True, "float32", False),
@@ -329,7 +341,7 @@ def test_esync_outer_adam_is_fedadam_on_the_workers_deltas(dumped_runs):
     ids=["weighted", "fednova", "sum", "weighted-nesterov", "weighted-nesterov-float16",
          "weighted-nesterov-carry"])
 def test_esync_rule_with_unequal_k_is_the_pure_rule_on_the_workers_deltas(
-        tmp_path, small_data, rule, momentum, nesterov, wire, carry):
+        dumped_runs, rule, momentum, nesterov, wire, carry):
     """Two workers slowed 1x and 8x under the planned policy run unequal k_i. Each worker dumps
     the delta and k it exchanges every round (``$ESYNC_DUMP_PUSHES``); rank 0's checkpoint of
     round t must be ``esync.worker.algorithms.aggregate``'s pure rule (and outer optimizer) applied
@@ -339,23 +351,17 @@ def test_esync_rule_with_unequal_k_is_the_pure_rule_on_the_workers_deltas(
     to the rounded pushes. With --carry (dynamic policy: the fast worker iterates through every
     exchange) each delta's k counts the iterations carried into its round."""
     from esync.worker.algorithms import aggregate
-    dumps = tmp_path / "dumps"
-    run_cluster(tmp_path, small_data, "-m", "esync", "--workers", 2,
-                "--policy", "dynamic" if carry else "planned", *(["--carry"] if carry else []),
-                "--slowdown", UNEQUAL_SLOWDOWN, "--aggregation", rule, "--outer-momentum", momentum,
-                "--nesterov" if nesterov else "--no-nesterov", "-gl", OUTER_GL, "-ll", LR,
-                *ORIGINAL_ROUNDS, "-b", BATCH, "--max-rounds", UNEQUAL_ROUNDS, "-e", 1, "--max-seconds", 0,
-                "--seed", SEED, "--no-evaluator", "--comm-dtype", wire,
-                env={"ESYNC_DUMP_PUSHES": str(dumps)})
+    log_dir = dumped_runs(*unequal_k_run(rule, momentum, nesterov, wire, carry))
+    dumps = log_dir / "dumps"
     model_bytes = sum(int(np.prod(p.shape)) for p in models.named_parameters(
         models.build("lenet", mx.cpu(), seed=SEED)).values() if p.grad_req != "null")
     wire_bytes = model_bytes * np.dtype(wire).itemsize
-    logs = device_logs(tmp_path / "lenet" / "esync")
+    logs = device_logs(log_dir / "lenet" / "esync")
     assert len(logs) == 2
     for rounds in logs.values():
         # the deltas, the batch-norm statistics (none in lenet) and the float32 control vector
         assert {r["bytes_pushed"] - 4 * (2 + 5 * 2) for r in rounds} == {wire_bytes}
-    models_, buffers = _checkpointed_rounds(tmp_path, UNEQUAL_ROUNDS)
+    models_, buffers = _checkpointed_rounds(log_dir, UNEQUAL_ROUNDS)
     pushed = _dumps(dumps, "esync")
     if carry:
         _assert_carried_into_the_next_delta(logs, pushed, UNEQUAL_ROUNDS)
@@ -756,15 +762,17 @@ def test_every_rank_holds_the_same_global_model_after_each_round(dumped_runs, va
     one round late, and each worker trains on it plus its own delta, never on another model;
     with --carry the fast worker trains on it plus its carried iterations (under the planned
     policy only those that fit in the last exchange's time, maybe none), with --carry-slowest
-    the slow one too; with --outer-adam every rank's moments move alike (the run the FedAdam
-    test above replays; exchange-then-compute and carry-planned share one run while the i.i.d.
-    preset turns --carry on)."""
+    the slow one too; with --outer-adam every rank's moments move alike. The runs are those the
+    rule tests above replay where they can be (weighted rule, outer Nesterov; the planned
+    policy's i.i.d. preset turns --carry on, so exchange-then-compute and carry-planned are one
+    run), and two of their own."""
     base = ("-m", "esync", "--policy", "planned", "--workers", 2, "--slowdown", UNEQUAL_SLOWDOWN,
             "-ll", LR, "-b", BATCH, "--max-rounds", UNEQUAL_ROUNDS, "-e", 1, "--max-seconds", 0,
             "--seed", SEED, "--no-evaluator")
-    flags = {"exchange-then-compute": base, "overlap": (*base, "--overlap"),
-             "carry": (*base, "--carry", "--policy", "dynamic"),
-             "carry-planned": (*base, "--carry"),
+    nesterov = unequal_k_run("weighted", 0.5, True, "float32", carry=False)
+    flags = {"exchange-then-compute": nesterov, "overlap": (*base, "--overlap"),
+             "carry": unequal_k_run("weighted", 0.5, True, "float32", carry=True),
+             "carry-planned": (*nesterov, "--carry"),
              "carry-slowest": (*base, "--carry", "--carry-slowest", "--policy", "dynamic"),
              "outer-adam": OUTER_ADAM_RUN}[variant]
     log_dir = dumped_runs(*flags)
