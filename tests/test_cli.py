@@ -5,7 +5,6 @@ repository root; flag parsing and defaults by calling ``esync.cli.parse_args`` d
 """
 import gzip
 import re
-from pathlib import Path
 
 import mxnet as mx
 import pytest
@@ -14,6 +13,7 @@ import config
 from esync import cli
 from esync.common.errors import UsageError
 from esync.common.catalog import FASHION_FILES, NETWORKS
+from support import copy_of_finished_run, write_fashion_dir
 
 
 def error_line(result, *, prefix=r"(main\.py: )?error: "):
@@ -203,8 +203,7 @@ def test_unwritable_log_folder_is_named(main_py, fashion_data_dir, tmp_path):
 @pytest.fixture(scope="module")
 def earlier_run(tmp_path_factory, main_py):
     """(data_dir, logs) of one finished 3-round local run; each test below works on its own copy
-    of those logs (``copy_of_earlier_logs``), so the run is trained once for both."""
-    from support import write_fashion_dir
+    of those logs (``copy_of_finished_run``), so the run is trained once for both."""
     root = tmp_path_factory.mktemp("earlier-run")
     data_dir, logs = write_fashion_dir(root / "data"), root / "logs"
     done = main_py(*local_args(data_dir, logs, "--max-rounds", "3"))
@@ -212,21 +211,14 @@ def earlier_run(tmp_path_factory, main_py):
     return data_dir, logs
 
 
-def copy_of_earlier_logs(earlier_run, tmp_path):
-    """(data_dir, a copy of the earlier run's log folder under ``tmp_path``)."""
-    import shutil
-    data_dir, logs = earlier_run
-    return data_dir, Path(shutil.copytree(logs, tmp_path / "logs"))
-
-
 def test_earlier_logs_are_refused_without_overwrite(main_py, earlier_run, tmp_path):
-    data_dir, logs = copy_of_earlier_logs(earlier_run, tmp_path)
+    data_dir, logs = copy_of_finished_run(earlier_run, tmp_path)
     line = error_line(main_py(*local_args(data_dir, logs, "--max-rounds", "3")))
     assert "--overwrite" in line
 
 
 def test_overwrite_replaces_earlier_logs(main_py, earlier_run, tmp_path):
-    data_dir, logs = copy_of_earlier_logs(earlier_run, tmp_path)
+    data_dir, logs = copy_of_finished_run(earlier_run, tmp_path)
     assert sorted(p.name for p in logs.rglob("iter-*.txt")) == [
         "iter-1.txt", "iter-2.txt", "iter-3.txt"]
     result = main_py(*local_args(data_dir, logs), "--max-rounds", "2", "--overwrite")

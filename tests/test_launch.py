@@ -5,12 +5,11 @@ import re
 import signal
 import socket
 import time
-from pathlib import Path
 
 import pytest
 
-from support import (REPO, device_logs, processes_mentioning, processes_of, run_cluster,
-                     write_fashion_dir)
+from support import (REPO, copy_of_finished_run, device_logs, processes_mentioning, processes_of,
+                     run_cluster, write_fashion_dir)
 
 
 def quiet(log_dir, data_dir, *args):
@@ -154,22 +153,15 @@ TWO_ROUND_SYNC = [*SYNC_NO_EVALUATOR, "--max-rounds", 2]
 @pytest.fixture(scope="module")
 def two_round_sync(tmp_path_factory):
     """(data_dir, log_dir) of one finished TWO_ROUND_SYNC run; the tests below each start from
-    their own copy of its log folder (``copy_of``), so it is trained once for all of them."""
+    their own copy of its log folder (``copy_of_finished_run``), so it is trained once."""
     root = tmp_path_factory.mktemp("two-round-sync")
     data_dir, log_dir = write_fashion_dir(root / "data"), root / "logs"
     run_cluster(log_dir, data_dir, *TWO_ROUND_SYNC)
     return data_dir, log_dir
 
 
-def copy_of(two_round_sync, tmp_path):
-    """(data_dir, a copy of the finished run's log folder at ``tmp_path / "logs"``)."""
-    import shutil
-    data_dir, log_dir = two_round_sync
-    return data_dir, Path(shutil.copytree(log_dir, tmp_path / "logs"))
-
-
 def test_resume_refuses_a_corrupt_checkpoint(tmp_path, two_round_sync, launcher):
-    data_dir, log_dir = copy_of(two_round_sync, tmp_path)
+    data_dir, log_dir = copy_of_finished_run(two_round_sync, tmp_path)
     checkpoint = log_dir / "lenet" / "sync" / "checkpoints" / "round-00000002.npz"
     checkpoint.write_bytes(checkpoint.read_bytes()[:1000])
     done = launcher.run(*quiet(log_dir, data_dir, *SYNC_NO_EVALUATOR, "--max-rounds", 4,
@@ -180,7 +172,7 @@ def test_resume_refuses_a_corrupt_checkpoint(tmp_path, two_round_sync, launcher)
 
 
 def test_earlier_logs_are_kept_unless_overwrite_is_given(tmp_path, two_round_sync, launcher):
-    data_dir, log_dir = copy_of(two_round_sync, tmp_path)
+    data_dir, log_dir = copy_of_finished_run(two_round_sync, tmp_path)
     refused = launcher.run(*quiet(log_dir, data_dir, *TWO_ROUND_SYNC), check=False)
     assert refused.returncode == 2 and "--overwrite" in refused.stderr
     launcher.run(*quiet(log_dir, data_dir, *TWO_ROUND_SYNC, "--overwrite"))
