@@ -64,6 +64,15 @@ def run_cluster(log_dir, data_dir, *args, timeout=240, check=True, env=None):
         launchers.remove_all()
 
 
+def copy_of_finished_run(finished, tmp_path):
+    """(data_dir, a copy of a finished run's log folder at ``tmp_path / "logs"``) from
+    ``finished`` = (data_dir, log_dir): tests that change or extend earlier logs each start from
+    their own copy, so their module trains the run once."""
+    import shutil
+    data_dir, log_dir = finished
+    return data_dir, Path(shutil.copytree(log_dir, tmp_path / "logs"))
+
+
 class Launchers:
     """Starts ``python -m esync.launch`` processes for one test and removes them all afterwards.
 

@@ -6,6 +6,7 @@ that run when a module loads, and every import, inside functions too (a lazy imp
 boundary just the same when it runs).
 """
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -40,9 +41,12 @@ NO_WORKER = ("launch", "benchmark", "cli")       # they start workers, as proces
 LAYOUT_NAMES = ("iter-", "evaluations.jsonl", "checkpoints", "processes")
 
 
-def _modules():
-    for path in sorted(PACKAGE.rglob("*.py")):
-        yield path, ast.parse(path.read_text(), filename=str(path))
+@functools.cache
+def _modules() -> tuple:
+    """(path, syntax tree) of every module of the package, parsed once for all the tests here
+    (they only read the trees)."""
+    return tuple((path, ast.parse(path.read_text(), filename=str(path)))
+                 for path in sorted(PACKAGE.rglob("*.py")))
 
 
 def _world(path: Path) -> str:
@@ -290,10 +294,16 @@ def _string_literals(tree):
             yield node.value
 
 
+@functools.cache
+def _literals_by_module() -> tuple:
+    """(path, its string literals) of every module, gathered once for the tests below."""
+    return tuple((path, tuple(_string_literals(tree))) for path, tree in _modules())
+
+
 @pytest.mark.parametrize("name", LAYOUT_NAMES)
 def test_the_run_layout_is_spelled_in_one_module(name):
-    owners = sorted({str(path.relative_to(REPO)) for path, tree in _modules()
-                     if any(name in text for text in _string_literals(tree)
+    owners = sorted({str(path.relative_to(REPO)) for path, literals in _literals_by_module()
+                     if any(name in text for text in literals
                             if name != "processes" and name != "checkpoints"
                             or text == name or f"/{name}" in text or f"{name}/" in text)})
     assert owners == ["esync/common/runlayout.py"]

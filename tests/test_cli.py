@@ -13,6 +13,7 @@ import config
 from esync import cli
 from esync.common.errors import UsageError
 from esync.common.catalog import FASHION_FILES, NETWORKS
+from support import copy_of_finished_run, write_fashion_dir
 
 
 def error_line(result, *, prefix=r"(main\.py: )?error: "):
@@ -199,20 +200,30 @@ def test_unwritable_log_folder_is_named(main_py, fashion_data_dir, tmp_path):
     assert str(blocker / "sub") in line and "not writable" in line
 
 
-def test_earlier_logs_are_refused_without_overwrite(main_py, fashion_data_dir, tmp_path):
-    argv = local_args(fashion_data_dir, tmp_path / "logs", "--max-rounds", "3")
-    assert main_py(*argv).returncode == 0
-    line = error_line(main_py(*argv))
+@pytest.fixture(scope="module")
+def earlier_run(tmp_path_factory, main_py):
+    """(data_dir, logs) of one finished 3-round local run; each test below works on its own copy
+    of those logs (``copy_of_finished_run``), so the run is trained once for both."""
+    root = tmp_path_factory.mktemp("earlier-run")
+    data_dir, logs = write_fashion_dir(root / "data"), root / "logs"
+    done = main_py(*local_args(data_dir, logs, "--max-rounds", "3"))
+    assert done.returncode == 0, done.stderr
+    return data_dir, logs
+
+
+def test_earlier_logs_are_refused_without_overwrite(main_py, earlier_run, tmp_path):
+    data_dir, logs = copy_of_finished_run(earlier_run, tmp_path)
+    line = error_line(main_py(*local_args(data_dir, logs, "--max-rounds", "3")))
     assert "--overwrite" in line
 
 
-def test_overwrite_replaces_earlier_logs(main_py, fashion_data_dir, tmp_path):
-    argv = local_args(fashion_data_dir, tmp_path / "logs")
-    assert main_py(*argv, "--max-rounds", "3").returncode == 0
-    result = main_py(*argv, "--max-rounds", "2", "--overwrite")
+def test_overwrite_replaces_earlier_logs(main_py, earlier_run, tmp_path):
+    data_dir, logs = copy_of_finished_run(earlier_run, tmp_path)
+    assert sorted(p.name for p in logs.rglob("iter-*.txt")) == [
+        "iter-1.txt", "iter-2.txt", "iter-3.txt"]
+    result = main_py(*local_args(data_dir, logs), "--max-rounds", "2", "--overwrite")
     assert result.returncode == 0, result.stderr
-    logs = sorted(p.name for p in (tmp_path / "logs").rglob("iter-*.txt"))
-    assert logs == ["iter-1.txt", "iter-2.txt"]
+    assert sorted(p.name for p in logs.rglob("iter-*.txt")) == ["iter-1.txt", "iter-2.txt"]
 
 
 # the parameter-server roles -----------------------------------------------------------------

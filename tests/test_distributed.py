@@ -154,6 +154,40 @@ def small_data(tmp_path_factory):
                              test_per_class=20)
 
 
+def _resolved(flags) -> tuple:
+    """Every option of the run ``flags`` ask for, as ``esync-cluster --explain`` resolves it
+    (presets and defaults included, their sources left out): two flag lists with the same
+    resolution start the same run."""
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-m", "esync.launch", "-ld", "/resolved", "-dd",
+                           "/resolved", *map(str, flags), "--explain"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return tuple(tuple(line.split()[:2]) for line in done.stdout.splitlines()
+                 if line.lstrip().startswith("--"))
+
+
+@pytest.fixture(scope="module")
+def dumped_runs(tmp_path_factory, small_data):
+    """``run(*flags) -> log_dir``: a finished run on small_data whose workers dumped what they
+    pushed and the global model they held each round (``log_dir / "dumps"``). Tests that read
+    the same run share it: flags that resolve alike (``_resolved``) give the folder of the run
+    already made instead of training it again. The tests only read the folder."""
+    made = {}
+
+    def run(*flags):
+        key = _resolved(flags)
+        if key not in made:
+            log_dir = tmp_path_factory.mktemp("dumped")
+            run_cluster(log_dir, small_data, *flags,
+                        env={"ESYNC_DUMP_PUSHES": str(log_dir / "dumps")})
+            made[key] = log_dir
+        return made[key]
+
+    return run
+
+
 def test_two_worker_sync_equals_the_original_sync_step(tmp_path, small_data):
     run_cluster(tmp_path, small_data, "-m", "sync", "--workers", 2, "--slowdown", "1",
                 "-l", LR, "-b", BATCH, "--max-rounds", STEPS, "-e", 1, "--max-seconds", 0,
@@ -246,20 +280,25 @@ def _float16_sum(rule, deltas, ks):
     return total.astype(np.float32) * np.float32(aggregate.sum_weight(rule, ks))
 
 
-def test_esync_outer_adam_is_fedadam_on_the_workers_deltas(tmp_path, small_data):
+ADAM_GL, ADAM_BETA1, ADAM_BETA2 = 0.01, 0.9, 0.99
+OUTER_ADAM_RUN = ("-m", "esync", "--workers", 2, "--policy", "planned",
+                  "--slowdown", UNEQUAL_SLOWDOWN, "--aggregation", "sum", "--outer-adam",
+                  "--outer-momentum", ADAM_BETA1, "--no-nesterov", "--outer-beta2", ADAM_BETA2,
+                  "-gl", ADAM_GL,
+                  "-ll", LR, *ORIGINAL_ROUNDS, "-b", BATCH, "--max-rounds", UNEQUAL_ROUNDS,
+                  "-e", 1, "--max-seconds", 0, "--seed", SEED, "--no-evaluator")
+
+
+def test_esync_outer_adam_is_fedadam_on_the_workers_deltas(dumped_runs):
     """--outer-adam: two workers (1x, 8x: unequal k) and the sum rule; rank 0's checkpoint of
     round t must be FedAdam's step (``OuterOptimizer.step``) on round t-1's checkpoint, its two
     moments and the dumped deltas, with -gl as the step size. Heavy-ball momentum on the same
     deltas, or Adam with another beta2, gives another model: checked too, so the test can fail."""
     from esync.worker.algorithms import aggregate
-    dumps, gl, beta1, beta2 = tmp_path / "dumps", 0.01, 0.9, 0.99
-    run_cluster(tmp_path, small_data, "-m", "esync", "--workers", 2, "--policy", "planned",
-                "--slowdown", UNEQUAL_SLOWDOWN, "--aggregation", "sum", "--outer-adam",
-                "--outer-momentum", beta1, "--no-nesterov", "--outer-beta2", beta2, "-gl", gl,
-                "-ll", LR, *ORIGINAL_ROUNDS, "-b", BATCH, "--max-rounds", UNEQUAL_ROUNDS,
-                "-e", 1, "--max-seconds", 0, "--seed", SEED, "--no-evaluator",
-                env={"ESYNC_DUMP_PUSHES": str(dumps)})
-    models_, moments = _checkpointed_rounds(tmp_path, UNEQUAL_ROUNDS)
+    gl, beta1, beta2 = ADAM_GL, ADAM_BETA1, ADAM_BETA2
+    log_dir = dumped_runs(*OUTER_ADAM_RUN)
+    dumps = log_dir / "dumps"
+    models_, moments = _checkpointed_rounds(log_dir, UNEQUAL_ROUNDS)
     assert all(isinstance(m, tuple) and m[0] is not None for t in moments for m in moments[t])
     pushed = _dumps(dumps, "esync")
     assert any(pushed[0, t]["k"] != pushed[1, t]["k"] for t in range(2, UNEQUAL_ROUNDS + 1))
@@ -283,6 +322,18 @@ def test_esync_outer_adam_is_fedadam_on_the_workers_deltas(tmp_path, small_data)
                    for t in range(2, UNEQUAL_ROUNDS + 1)) > 1e-2, wrong
 
 
+def unequal_k_run(rule, momentum, nesterov, wire, carry) -> tuple:
+    """The flags of a run of two workers slowed 1x and 8x (unequal k_i) with this aggregation
+    rule, outer momentum and wire type; with ``carry``, the dynamic policy and --carry, else the
+    planned policy (whose i.i.d. preset carries too)."""
+    return ("-m", "esync", "--workers", 2, "--policy", "dynamic" if carry else "planned",
+            *(["--carry"] if carry else []), "--slowdown", UNEQUAL_SLOWDOWN,
+            "--aggregation", rule, "--outer-momentum", momentum,
+            "--nesterov" if nesterov else "--no-nesterov", "-gl", OUTER_GL, "-ll", LR,
+            *ORIGINAL_ROUNDS, "-b", BATCH, "--max-rounds", UNEQUAL_ROUNDS, "-e", 1,
+            "--max-seconds", 0, "--seed", SEED, "--no-evaluator", "--comm-dtype", wire)
+
+
 @pytest.mark.parametrize("rule,momentum,nesterov,wire,carry", [
     ("weighted", 0.0, False, "float32", False), ("fednova", 0.0, False, "float32", False),
     ("sum", 0.0, False, "float32", False), ("weighted", 0.5, True, "float32", False),
@@ -290,7 +341,7 @@ def test_esync_outer_adam_is_fedadam_on_the_workers_deltas(tmp_path, small_data)
     ids=["weighted", "fednova", "sum", "weighted-nesterov", "weighted-nesterov-float16",
          "weighted-nesterov-carry"])
 def test_esync_rule_with_unequal_k_is_the_pure_rule_on_the_workers_deltas(
-        tmp_path, small_data, rule, momentum, nesterov, wire, carry):
+        dumped_runs, rule, momentum, nesterov, wire, carry):
     """Two workers slowed 1x and 8x under the planned policy run unequal k_i. Each worker dumps
     the delta and k it exchanges every round (``$ESYNC_DUMP_PUSHES``); rank 0's checkpoint of
     round t must be ``esync.worker.algorithms.aggregate``'s pure rule (and outer optimizer) applied
@@ -300,23 +351,17 @@ def test_esync_rule_with_unequal_k_is_the_pure_rule_on_the_workers_deltas(
     to the rounded pushes. With --carry (dynamic policy: the fast worker iterates through every
     exchange) each delta's k counts the iterations carried into its round."""
     from esync.worker.algorithms import aggregate
-    dumps = tmp_path / "dumps"
-    run_cluster(tmp_path, small_data, "-m", "esync", "--workers", 2,
-                "--policy", "dynamic" if carry else "planned", *(["--carry"] if carry else []),
-                "--slowdown", UNEQUAL_SLOWDOWN, "--aggregation", rule, "--outer-momentum", momentum,
-                "--nesterov" if nesterov else "--no-nesterov", "-gl", OUTER_GL, "-ll", LR,
-                *ORIGINAL_ROUNDS, "-b", BATCH, "--max-rounds", UNEQUAL_ROUNDS, "-e", 1, "--max-seconds", 0,
-                "--seed", SEED, "--no-evaluator", "--comm-dtype", wire,
-                env={"ESYNC_DUMP_PUSHES": str(dumps)})
+    log_dir = dumped_runs(*unequal_k_run(rule, momentum, nesterov, wire, carry))
+    dumps = log_dir / "dumps"
     model_bytes = sum(int(np.prod(p.shape)) for p in models.named_parameters(
         models.build("lenet", mx.cpu(), seed=SEED)).values() if p.grad_req != "null")
     wire_bytes = model_bytes * np.dtype(wire).itemsize
-    logs = device_logs(tmp_path / "lenet" / "esync")
+    logs = device_logs(log_dir / "lenet" / "esync")
     assert len(logs) == 2
     for rounds in logs.values():
         # the deltas, the batch-norm statistics (none in lenet) and the float32 control vector
         assert {r["bytes_pushed"] - 4 * (2 + 5 * 2) for r in rounds} == {wire_bytes}
-    models_, buffers = _checkpointed_rounds(tmp_path, UNEQUAL_ROUNDS)
+    models_, buffers = _checkpointed_rounds(log_dir, UNEQUAL_ROUNDS)
     pushed = _dumps(dumps, "esync")
     if carry:
         _assert_carried_into_the_next_delta(logs, pushed, UNEQUAL_ROUNDS)
@@ -611,9 +656,6 @@ def test_state_token_is_never_written_to_disk(tmp_path, small_data):
     assert written == []
 
 
-OVERLAP_ROUNDS = 6
-
-
 LOW_RANK, LOW_RANK_ROUNDS = 2, 6
 
 
@@ -714,37 +756,40 @@ def _assert_carried_into_the_next_delta(logs, pushed, rounds, *, some=True, slow
 
 @pytest.mark.parametrize("variant", ["exchange-then-compute", "overlap", "carry",
                                      "carry-planned", "carry-slowest", "outer-adam"])
-def test_every_rank_holds_the_same_global_model_after_each_round(tmp_path, small_data, variant):
+def test_every_rank_holds_the_same_global_model_after_each_round(dumped_runs, variant):
     """Two workers (1x, 8x: unequal k under either policy) dump the global model they hold
     after each round's sums arrived. Every rank must hold the same one: with --overlap it moves
     one round late, and each worker trains on it plus its own delta, never on another model;
     with --carry the fast worker trains on it plus its carried iterations (under the planned
     policy only those that fit in the last exchange's time, maybe none), with --carry-slowest
-    the slow one too; with --outer-adam every rank's moments move alike."""
-    dumps = tmp_path / "dumps"
-    extra = {"exchange-then-compute": [], "overlap": ["--overlap"],
-             "carry": ["--carry", "--policy", "dynamic"], "carry-planned": ["--carry"],
-             "carry-slowest": ["--carry", "--carry-slowest", "--policy", "dynamic"],
-             "outer-adam": ["--aggregation", "sum", "--outer-adam", "--no-nesterov",
-                            "-gl", "0.01"]}[variant]
-    run_cluster(tmp_path, small_data, "-m", "esync", "--policy", "planned", "--workers", 2,
-                "--slowdown", UNEQUAL_SLOWDOWN, "-ll", LR, "-b", BATCH,
-                "--max-rounds", OVERLAP_ROUNDS,
-                "-e", 1, "--max-seconds", 0, "--seed", SEED, "--no-evaluator",
-                *extra, env={"ESYNC_DUMP_PUSHES": str(dumps)})
-    held = _dumps(dumps, "global")
-    assert sorted(t for r, t in held if r == 0) == list(range(1, OVERLAP_ROUNDS + 1))
-    for t in range(1, OVERLAP_ROUNDS + 1):
+    the slow one too; with --outer-adam every rank's moments move alike. The runs are those the
+    rule tests above replay where they can be (weighted rule, outer Nesterov; the planned
+    policy's i.i.d. preset turns --carry on, so exchange-then-compute and carry-planned are one
+    run), and two of their own."""
+    base = ("-m", "esync", "--policy", "planned", "--workers", 2, "--slowdown", UNEQUAL_SLOWDOWN,
+            "-ll", LR, "-b", BATCH, "--max-rounds", UNEQUAL_ROUNDS, "-e", 1, "--max-seconds", 0,
+            "--seed", SEED, "--no-evaluator")
+    nesterov = unequal_k_run("weighted", 0.5, True, "float32", carry=False)
+    flags = {"exchange-then-compute": nesterov, "overlap": (*base, "--overlap"),
+             "carry": unequal_k_run("weighted", 0.5, True, "float32", carry=True),
+             "carry-planned": (*nesterov, "--carry"),
+             "carry-slowest": (*base, "--carry", "--carry-slowest", "--policy", "dynamic"),
+             "outer-adam": OUTER_ADAM_RUN}[variant]
+    log_dir = dumped_runs(*flags)
+    rounds = UNEQUAL_ROUNDS
+    held = _dumps(log_dir / "dumps", "global")
+    assert sorted(t for r, t in held if r == 0) == list(range(1, rounds + 1))
+    for t in range(1, rounds + 1):
         models_ = [_listed(held[r, t], "model") for r in (0, 1)]
         assert _rel_error(models_[0], models_[1]) < 1e-6, t
     # The checkpoint of the last round is that shared model, not a worker's own continuation.
-    final = final_checkpoint(tmp_path / "lenet" / "esync", steps=OVERLAP_ROUNDS)
+    final = final_checkpoint(log_dir / "lenet" / "esync", steps=rounds)
     assert _rel_error([final[n] for n in TRAINABLE], models_[0]) < 1e-6
-    pushed = _dumps(dumps, "esync")
-    assert any(pushed[0, t]["k"] != pushed[1, t]["k"] for t in range(2, OVERLAP_ROUNDS + 1))
+    pushed = _dumps(log_dir / "dumps", "esync")
+    assert any(pushed[0, t]["k"] != pushed[1, t]["k"] for t in range(2, rounds + 1))
     if variant.startswith("carry"):
-        _assert_carried_into_the_next_delta(device_logs(tmp_path / "lenet" / "esync"), pushed,
-                                            OVERLAP_ROUNDS, some=variant != "carry-planned",
+        _assert_carried_into_the_next_delta(device_logs(log_dir / "lenet" / "esync"), pushed,
+                                            rounds, some=variant != "carry-planned",
                                             slowest=variant == "carry-slowest")
 
 

@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from support import REPO, device_logs, processes_mentioning, processes_of
+from support import (REPO, copy_of_finished_run, device_logs, processes_mentioning, processes_of,
+                     run_cluster, write_fashion_dir)
 
 
 def quiet(log_dir, data_dir, *args):
@@ -144,26 +145,37 @@ def test_resume_continues_from_the_saved_round(tmp_path, fashion_data_dir, launc
     assert evaluated == [2, 4, 6, 7]
 
 
-def test_resume_refuses_a_corrupt_checkpoint(tmp_path, fashion_data_dir, launcher):
-    common = ["-m", "sync", "--workers", 2, "-b", 8, "-e", 2, "--max-seconds", 0,
-              "--no-evaluator"]
-    launcher.run(*quiet(tmp_path, fashion_data_dir, *common, "--max-rounds", 2))
-    checkpoint = tmp_path / "lenet" / "sync" / "checkpoints" / "round-00000002.npz"
+SYNC_NO_EVALUATOR = ["-m", "sync", "--workers", 2, "-b", 8, "-e", 2, "--max-seconds", 0,
+                     "--no-evaluator"]
+TWO_ROUND_SYNC = [*SYNC_NO_EVALUATOR, "--max-rounds", 2]
+
+
+@pytest.fixture(scope="module")
+def two_round_sync(tmp_path_factory):
+    """(data_dir, log_dir) of one finished TWO_ROUND_SYNC run; the tests below each start from
+    their own copy of its log folder (``copy_of_finished_run``), so it is trained once."""
+    root = tmp_path_factory.mktemp("two-round-sync")
+    data_dir, log_dir = write_fashion_dir(root / "data"), root / "logs"
+    run_cluster(log_dir, data_dir, *TWO_ROUND_SYNC)
+    return data_dir, log_dir
+
+
+def test_resume_refuses_a_corrupt_checkpoint(tmp_path, two_round_sync, launcher):
+    data_dir, log_dir = copy_of_finished_run(two_round_sync, tmp_path)
+    checkpoint = log_dir / "lenet" / "sync" / "checkpoints" / "round-00000002.npz"
     checkpoint.write_bytes(checkpoint.read_bytes()[:1000])
-    done = launcher.run(*quiet(tmp_path, fashion_data_dir, *common, "--max-rounds", 4,
+    done = launcher.run(*quiet(log_dir, data_dir, *SYNC_NO_EVALUATOR, "--max-rounds", 4,
                                "--resume"), check=False)
     assert done.returncode == 2
     assert "round-00000002.npz is corrupt" in done.stderr
     assert processes_mentioning(str(tmp_path)) == []
 
 
-def test_earlier_logs_are_kept_unless_overwrite_is_given(tmp_path, fashion_data_dir, launcher):
-    common = ["-m", "sync", "--workers", 2, "-b", 8, "--max-rounds", 2, "--max-seconds", 0,
-              "--no-evaluator"]
-    launcher.run(*quiet(tmp_path, fashion_data_dir, *common))
-    refused = launcher.run(*quiet(tmp_path, fashion_data_dir, *common), check=False)
+def test_earlier_logs_are_kept_unless_overwrite_is_given(tmp_path, two_round_sync, launcher):
+    data_dir, log_dir = copy_of_finished_run(two_round_sync, tmp_path)
+    refused = launcher.run(*quiet(log_dir, data_dir, *TWO_ROUND_SYNC), check=False)
     assert refused.returncode == 2 and "--overwrite" in refused.stderr
-    launcher.run(*quiet(tmp_path, fashion_data_dir, *common, "--overwrite"))
+    launcher.run(*quiet(log_dir, data_dir, *TWO_ROUND_SYNC, "--overwrite"))
 
 
 @pytest.mark.parametrize("args, env, message", [
