@@ -49,7 +49,9 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+import esync.benchmark.hosts as hosts
 import esync.benchmark.metrics as metrics
+import esync.benchmark.probes as probes
 import esync.benchmark.plan as plan
 import esync.benchmark.report as report
 import esync.emulation.shaping as shaping
@@ -171,6 +173,8 @@ def main(argv=None) -> int:
     planned = plan.full_jobs(args, out, rows, settings, chosen_rates(args, rows, None))
     confirmations = plan.planned_confirmations(args, out, rows)
     lines = describe_plan(args, tune_jobs, planned, settings, confirmations)
+    if args.machines:
+        lines += hosts.plan_lines(args.machines)
     if args.dry_run:
         print("\n".join(f"{PROG}: {line}" for line in lines))
         for job in tune_jobs + planned:
@@ -191,7 +195,8 @@ def main(argv=None) -> int:
     previous = signal.signal(signal.SIGTERM, _sigterm)
     jobs, tuning = [], None
     eta = Eta(tune_jobs + confirmations + planned)
-    cap = emulation.StandaloneCap(args)
+    cap = (probes.RealDevices(args, out, progress) if args.machines
+           else emulation.StandaloneCap(args))
     try:
         with cap:
             progress.note("standalone SGD: " + (
