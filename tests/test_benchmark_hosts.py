@@ -86,6 +86,7 @@ def test_an_unreachable_host_is_refused_before_anything_starts(tmp_path, fashion
 def test_a_slurm_that_does_not_answer_is_refused_before_anything_starts(
         tmp_path, fashion_data_dir, monkeypatch):
     monkeypatch.setenv("SLURM_CONF", str(tmp_path / "no-such-slurm.conf"))
+    monkeypatch.setattr(hosts, "SINFO_TIMEOUT_S", 5.0)   # sinfo may wait for a controller
     with pytest.raises(UsageError, match=r"--backend slurm: Slurm does not answer \(.*\): check "
                                          "SLURM_CONF and that slurmctld runs"):
         parse(tmp_path, fashion_data_dir, "--backend", "slurm")

@@ -40,6 +40,7 @@ DEFAULT_PROBE_SECONDS = 5.0
 PROBES_DIR = "probes"
 SETTING_NAME = "machines"
 ANY_NODE = "a Slurm node"
+SINFO_TIMEOUT_S = 30.0    # a controller that does not answer sinfo in this time is taken as down
 # The launcher's roles besides the workers in every run of the benchmark (the parameter
 # server's collective, one server, the state server, the evaluator): a Slurm task's CPUs are
 # the node's divided among all of them.
@@ -274,12 +275,12 @@ def check_slurm_answers() -> None:
     """Slurm's controller answers (``sinfo``): else nothing could ever be submitted."""
     try:
         done = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True,
-                              timeout=30)
+                              timeout=SINFO_TIMEOUT_S)
     except FileNotFoundError:
         raise UsageError("--backend slurm: no sinfo here: run the benchmark on a machine that "
                          "submits Slurm jobs (a login node)") from None
     except subprocess.TimeoutExpired:
-        done = subprocess.CompletedProcess([], 1, "", "no answer in 30 s")
+        done = subprocess.CompletedProcess([], 1, "", f"no answer in {SINFO_TIMEOUT_S:g} s")
     if done.returncode != 0:
         why = " ".join(done.stderr.split()) or f"exit code {done.returncode}"
         raise UsageError(f"--backend slurm: Slurm does not answer ({why}): "
