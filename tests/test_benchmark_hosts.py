@@ -40,14 +40,14 @@ def parse(tmp_path, data, *argv):
 # ----------------------------------------------------------------------------- refused at once
 
 @pytest.mark.parametrize("flags, message", [
-    (["--slowdown", "1,2"], "argument --slowdown: the emulated devices' slow-downs"),
+    (["--slowdown", "1,2"], "argument --slowdown: emulated slow-downs"),
     (["--workers", "2"], "argument --workers: the number of emulated devices"),
     (["--net", "netns"], "argument --net netns: emulated links"),
     (["--net", "both"], "argument --net both: emulated links"),
     (["--scenarios", "static,shifting"], "argument --scenarios static,shifting: the shifting"),
-    (["--cpu-share", "0.5"], "argument --cpu-share: a CPU cap is the emulation's"),
+    (["--cpu-share", "0.5"], "argument --cpu-share: a CPU cap, only on the emulated cluster"),
     (["--bandwidth", "10mbit"], "argument --bandwidth: a shaped link rate"),
-    (["--emulation", "cpu-cap"], "argument --emulation cpu-cap: the slow-device emulation"),
+    (["--emulation", "cpu-cap"], "argument --emulation cpu-cap: emulated slow devices"),
 ])
 def test_an_emulation_option_with_a_real_backend_is_refused_naming_the_fix(
         tmp_path, fashion_data_dir, flags, message):
@@ -131,7 +131,7 @@ def test_a_slurm_step_asks_for_the_threads_and_leaves_the_gpu_to_slurm():
     m = machines("slurm", devices=(("node0", "gpu0", "gpu0", 3),))
     prefix, _ = m.on_device(m.devices[0], [sys.executable, "main.py", "-c", "1"])
     export = next(a for a in prefix if a.startswith("--export="))
-    assert (prefix[0], prefix[prefix.index("--cpus-per-task") + 1], "--gpus-per-node" in prefix,
+    assert (prefix[0], prefix[prefix.index("--cpus-per-task") + 1], "--gpus-per-node=1" in prefix,
             "OMP_NUM_THREADS=3" in export, "CUDA_VISIBLE_DEVICES" in export) \
         == ("srun", "3", True, True, False)
 

@@ -114,7 +114,8 @@ def describe_plan(args, tune_jobs, jobs, settings, confirming=()) -> list[str]:
                  + (f", {args.byclass_tune_budget:g} s each" if byclass
                     else f" ({args.byclass_tune_budget:g} s by class)" if any(args.splits)
                     else "")
-                 + f"; on loopback, seed {args.seed})"
+                 + f"; on {'the machines' if getattr(args, 'machines', None) else 'loopback'}, "
+                   f"seed {args.seed})"
                  + (f", then {len(confirming)} with {plan.describe_seeds(confirming)} (each "
                     f"i.i.d. row's {plan.CONFIRMED_RATES} best rates again)" if confirming
                     else ""))

@@ -41,24 +41,22 @@ PROBES_DIR = "probes"
 SETTING_NAME = "machines"
 ANY_NODE = "a Slurm node"
 SINFO_TIMEOUT_S = 30.0    # a controller that does not answer sinfo in this time is taken as down
-# The launcher's roles besides the workers in every run of the benchmark (the parameter
-# server's collective, one server, the state server, the evaluator): a Slurm task's CPUs are
-# the node's divided among all of them.
-COORDINATION = {"collective": "ps", "servers": 1, "state_server": True, "evaluator": True}
 
 # Options that only the emulation has (dest -> what it emulates), refused with a real backend;
 # --net and --emulation only when given a value other than what a real backend does anyway.
 EMULATION_ONLY = {
-    "workers": "the number of emulated devices (the host file or the nodes place the workers)",
-    "slowdown": "the emulated devices' slow-downs (real devices run at their own speed)",
+    "workers": "the number of emulated devices (the host file, or --nodes and --node-devices, "
+               "place the workers)",
+    "slowdown": "emulated slow-downs (real devices run at their own speed)",
     "bandwidth": "a shaped link rate", "server_bandwidth": "a shaped link rate",
-    "hosts": "emulated hosts", "cpu_share": "a CPU cap", "no_cpu_pinning": "CPU caps",
-    "shift_at": "the shifting scenario's emulated slow-down",
+    "hosts": "emulated hosts", "cpu_share": "a CPU cap", "no_cpu_pinning": "CPU caps' pinning",
+    "shift_at": "the shifting scenario (an emulated device slowing down)",
 }
 REAL_VALUES = {"net": "loopback", "emulation": "auto", "scenarios": "static"}
 NOT_EMULATED = {"net": "emulated links (network namespaces)",
-                "emulation": "the slow-device emulation",
+                "emulation": "emulated slow devices",
                 "scenarios": "the shifting scenario (an emulated device slowing down)"}
+ONLY_EMULATED = "only on the emulated cluster (--backend local)"
 
 
 def add_arguments(parser) -> None:
@@ -154,6 +152,7 @@ class Machines:
     python: str = sys.executable
     repo: str = ""
     slurm_options: list[str] = field(default_factory=list)
+    gpu_request: str = "gpus-per-node"      # Slurm: how a step asks for its GPU
     probes: dict = field(default_factory=dict)     # device key -> probe result
     fastest: Device | None = None
 
@@ -207,9 +206,10 @@ class Machines:
         # Slurm sets a GPU step's CUDA_VISIBLE_DEVICES to the GPU it allocates.
         exports = ",".join(["ALL", *(f"{k}={v}" for k, v in env.items()
                                      if not (gpu and k == "CUDA_VISIBLE_DEVICES"))])
+        one_gpu = "--gres=gpu:1" if self.gpu_request == "gres" else "--gpus-per-node=1"
         srun = ["srun", "--nodes", "1", "--ntasks", "1", "--cpus-per-task", str(device.threads),
                 "--job-name", "esync-benchmark", f"--export={exports}", *self.slurm_options,
-                *(["--gpus-per-node", "1"] if gpu else [])]
+                *([one_gpu] if gpu else [])]
         return srun, argv
 
     def as_json(self) -> dict:
@@ -229,13 +229,14 @@ def refuse_emulation_options(args, given: dict) -> None:
     for dest, what in EMULATION_ONLY.items():
         if dest in given:
             flag = "--" + dest.replace("_", "-")
-            raise UsageError(f"argument {flag}: {what} is the emulation's; {where}: leave "
+            raise UsageError(f"argument {flag}: {what}, {ONLY_EMULATED}; {where}: leave "
                              f"{flag} out")
     for dest, real in REAL_VALUES.items():
         if dest in given and given[dest] != real:
             flag = "--" + dest
-            raise UsageError(f"argument {flag} {given[dest]}: {NOT_EMULATED[dest]} is the "
-                             f"emulation's; {where}: leave {flag} out (or give {flag} {real})")
+            raise UsageError(f"argument {flag} {given[dest]}: {NOT_EMULATED[dest]}, "
+                             f"{ONLY_EMULATED}; {where}: leave {flag} out (or give {flag} "
+                             f"{real})")
 
 
 def check_backend(args, parser, argv) -> None:
@@ -326,10 +327,19 @@ def machines_of(args) -> Machines:
     devices = [Device(host.name, ANY_NODE, device, name, count)
                for host, device, name, count in zip(job.hosts.workers, job.devices, names,
                                                     threads)]
-    options = [f"--partition={args.partition}"] if args.partition else []
-    options += [f"--time={args.slurm_minutes}"]
-    options += [f"--{o.partition('=')[0]}={o.partition('=')[2]}" for o in args.slurm_option]
-    return Machines("slurm", devices, flags, repo=str(REPO), slurm_options=options)
+    return Machines("slurm", devices, flags, repo=str(REPO), slurm_options=srun_options(job),
+                    gpu_request=job.options["gpu_request"])
+
+
+def srun_options(job) -> list[str]:
+    """The Slurm launch's own options (partition, time limit, --slurm-option KEY=VALUE as it
+    parsed them) for the steps of one device alone; a GPU step asks for one GPU as the launch
+    asks for its GPUs (``--gpu-request``)."""
+    given = job.options
+    options = [f"--partition={given['partition']}"] if given["partition"] else []
+    options += [f"--time={given['minutes']}"]
+    options += [f"--{key}={value}" for key, value in given["extra"].items()]
+    return options
 
 
 GPU_COUNT = ("from esync.launch.gpus import gpu_capabilities; "
@@ -348,7 +358,8 @@ def check_gpus(machines: Machines, ssh) -> None:
         text = done.stdout.strip().splitlines()
         count = int(text[-1]) if done.returncode == 0 and text and text[-1].isdigit() else None
         if count is None:
-            raise UsageError(f"host {target}: cannot count its GPUs ({done.stderr.strip()})")
+            why = " ".join(done.stderr.split()) or f"exit code {done.returncode}"
+            raise UsageError(f"host {target}: cannot count its GPUs ({why})")
         missing = sorted({d.device for d in devices if int(d.device[3:]) >= count})
         if missing:
             have = f"gpu0 to gpu{count - 1}" if count > 1 else "gpu0" if count else "no GPU"
