@@ -147,6 +147,20 @@ def test_the_spelled_out_command_leaves_the_emulation_out_and_names_the_backend(
         "--probe-seconds", "5"]
 
 
+def test_a_device_that_fails_alone_stops_the_benchmark_naming_it_and_its_log(
+        tmp_path, fashion_data_dir):
+    from esync.benchmark import probes
+    from esync.benchmark.runs import Progress
+    args = parse(tmp_path, fashion_data_dir, "--modes", "local")
+    args.machines = machines(devices=(("10.9.9.9", "gpu3", "gpu3", 1),))
+    args.machines.ssh_base = ["sh", "-c", "exit 3", "-T"]   # a remote run that fails at once
+    with pytest.raises(probes.ProbeFailed) as caught:
+        with probes.RealDevices(args, tmp_path / "out", Progress(1, open(tmp_path / "p", "w"))):
+            pass
+    assert ("gpu3 on 10.9.9.9 (exit code 3; see" in str(caught.value),
+            "probe-gpu3@10.9.9.9.log" in str(caught.value)) == (True, True), caught.value
+
+
 # ----------------------------------------------------------------------------- over ssh
 
 def ssh_flags(tmp_path, sshd, text="127.0.0.1 cpu,cpu\n"):

@@ -248,6 +248,10 @@ def main(argv=None) -> int:
         progress.close()
         print(f"{PROG}: interrupted; the run in progress was stopped; no report", file=sys.stderr)
         return 130
+    except probes.ProbeFailed as exc:
+        progress.close()
+        print(f"{PROG}: error: {exc}; no report", file=sys.stderr)
+        return 1
     finally:
         signal.signal(signal.SIGTERM, previous)
     progress.close()

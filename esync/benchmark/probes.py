@@ -30,6 +30,10 @@ def iteration_seconds(summary: dict) -> float | None:
     return statistics.median(per_iteration) if per_iteration else None
 
 
+class ProbeFailed(RuntimeError):
+    """A device's standalone run failed: the benchmark stops before its first run."""
+
+
 class ProbeTicks:
     """``run_job``'s progress for a probe: a line every ``EVERY_S`` through the benchmark's."""
 
@@ -92,7 +96,8 @@ class RealDevices:
         return job
 
     def probe(self) -> None:
-        """Each device's iteration time alone, one after the other (nothing else runs)."""
+        """Each device's iteration time alone, one after the other (nothing else runs); a
+        device that fails alone stops the benchmark (``ProbeFailed``)."""
         failed = []
         for device in self.machines.distinct:
             job = self.probe_job(device)
@@ -116,7 +121,9 @@ class RealDevices:
         self.machines.fastest = min(timed, key=self.machines.iteration_s) if timed else None
         self.args.slowdowns = self.machines.slowdowns()
         if failed:
-            self.problem = "device probes failed: " + "; ".join(failed)
+            raise ProbeFailed("a device cannot train alone, so every run with it would fail: "
+                              + "; ".join(failed) + ". Fix that device (its log says why) or "
+                              "leave it out of the cluster")
 
     def apply(self, jobs) -> None:
         """Every standalone job runs on the fastest device (prefix and argv to reach it)."""
