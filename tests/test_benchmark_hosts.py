@@ -11,7 +11,7 @@ import pytest
 
 from support import REPO, write_fashion_dir
 from esync import benchmark
-from esync.benchmark import hosts
+from esync.benchmark import own_machines
 from esync.common.errors import UsageError
 
 # The smallest benchmark that still has a cluster row and one device alone.
@@ -86,7 +86,7 @@ def test_an_unreachable_host_is_refused_before_anything_starts(tmp_path, fashion
 def test_a_slurm_that_does_not_answer_is_refused_before_anything_starts(
         tmp_path, fashion_data_dir, monkeypatch):
     monkeypatch.setenv("SLURM_CONF", str(tmp_path / "no-such-slurm.conf"))
-    monkeypatch.setattr(hosts, "SINFO_TIMEOUT_S", 5.0)   # sinfo may wait for a controller
+    monkeypatch.setattr(own_machines, "SINFO_TIMEOUT_S", 5.0)   # sinfo may wait for a controller
     with pytest.raises(UsageError, match=r"--backend slurm: Slurm does not answer \(.*\): check "
                                          "SLURM_CONF and that slurmctld runs"):
         parse(tmp_path, fashion_data_dir, "--backend", "slurm")
@@ -95,9 +95,11 @@ def test_a_slurm_that_does_not_answer_is_refused_before_anything_starts(
 # ----------------------------------------------------------------------------- pure parts
 
 def machines(backend="ssh", devices=(("127.0.0.1", "cpu", "cpu0", 1),)):
-    return hosts.Machines(
-        backend, [hosts.Device(host, host if backend == "ssh" else hosts.ANY_NODE, device,
-                               worker, threads) for host, device, worker, threads in devices],
+    """A hand-made real cluster: (host, device, worker name, threads) per worker."""
+    target = (lambda host: host) if backend == "ssh" else (lambda host: own_machines.ANY_NODE)
+    return own_machines.Machines(
+        backend, [own_machines.Device(host, target(host), device, worker, threads)
+                  for host, device, worker, threads in devices],
         ["--backend", backend], ssh_base=["ssh", "-T", "-o", "BatchMode=yes"],
         python="/opt/py", repo="/srv/my repo")
 
@@ -142,7 +144,7 @@ def test_the_spelled_out_command_leaves_the_emulation_out_and_names_the_backend(
         probe_seconds = 5.0
     argv = ["esync-benchmark", "--workers", "4", "--slowdown", "1,1,4,8", "--net", "both",
             "--budget", "40", "--emulation", "auto", "--no-cpu-pinning", "--out", "o"]
-    assert hosts.canonical_argv(Args, argv) == [
+    assert own_machines.canonical_argv(Args, argv) == [
         "esync-benchmark", "--budget", "40", "--out", "o", "--backend", "ssh",
         "--probe-seconds", "5"]
 

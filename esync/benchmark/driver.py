@@ -49,7 +49,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-import esync.benchmark.hosts as hosts
+import esync.benchmark.own_machines as own_machines
 import esync.benchmark.metrics as metrics
 import esync.benchmark.probes as probes
 import esync.benchmark.plan as plan
@@ -175,7 +175,7 @@ def main(argv=None) -> int:
     confirmations = plan.planned_confirmations(args, out, rows)
     lines = describe_plan(args, tune_jobs, planned, settings, confirmations)
     if args.machines:
-        lines += hosts.plan_lines(args.machines)
+        lines += own_machines.plan_lines(args.machines)
     if args.dry_run:
         print("\n".join(f"{PROG}: {line}" for line in lines))
         for job in tune_jobs + planned:

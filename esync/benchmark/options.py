@@ -11,7 +11,7 @@ from datetime import datetime
 from pathlib import Path
 
 import config
-from esync.benchmark import hosts
+from esync.benchmark import own_machines
 from esync.common import modes
 from esync.common.argtypes import (HelpFormatter, UsageParser, bounded_number, non_negative_int,
                                    positive_float, positive_int, slowdown_factors)
@@ -532,7 +532,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="under cpu-cap, let each device's compute (and standalone SGD's) move "
                         "between cores (esync-cluster --no-cpu-pinning); by default each "
                         "computes on one core")
-    hosts.add_arguments(parser)
+    own_machines.add_arguments(parser)
     o = parser.add_argument_group("output")
     o.add_argument("--dry-run", action="store_true",
                    help="print the plan (runs, commands, the time estimate) and exit")
@@ -547,7 +547,7 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
-    hosts.check_backend(args, parser, argv)
+    own_machines.check_backend(args, parser, argv)
     args.mode_list = parse_modes(args.modes)
     args.slowdowns = slowdown_factors(args.slowdown, args.workers)
     args.aggregation_list = parse_aggregations(args.aggregations)
@@ -592,7 +592,7 @@ def parse_args(argv) -> argparse.Namespace:
     if out.is_dir() and any(out.iterdir()) and not args.overwrite:
         raise UsageError(f"argument --out: {out} already holds files (an earlier benchmark?); "
                          "choose another --out or pass --overwrite")
-    hosts.resolve(args)
+    own_machines.resolve(args)
     return args
 
 
@@ -773,7 +773,7 @@ def canonical_command(args) -> str:
         argv += ["--hosts", args.hosts]
     if Path(args.data_dir).resolve() != Path(config.data_dir).resolve():
         argv += ["-dd", str(args.data_dir)]
-    return shlex.join(hosts.canonical_argv(args, argv))
+    return shlex.join(own_machines.canonical_argv(args, argv))
 
 
 def sync_cap(args) -> float:

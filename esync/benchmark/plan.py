@@ -8,7 +8,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from esync.benchmark import hosts, options
+from esync.benchmark import options, own_machines
 from esync.common import modes
 from esync.common.procs import REPO, python_env
 
@@ -215,7 +215,7 @@ def settings(args, rates: dict | None) -> list[Setting]:
     for net in args.net_list if "static" in scenarios else []:
         if net == "loopback":
             machines = getattr(args, "machines", None)
-            found.append(Setting(hosts.SETTING_NAME, machines.setting_label) if machines
+            found.append(Setting(own_machines.SETTING_NAME, machines.setting_label) if machines
                          else LOOPBACK)
             continue
         worker_rates, server_rate = rates["worker"], rates["server"]

@@ -1,5 +1,6 @@
 """Each real device measured alone, and one device alone run on the fastest: the part of
-``--backend ssh``/``slurm`` that runs (``hosts`` holds the flags, the checks and the placement).
+``--backend ssh``/``slurm`` that runs (``own_machines`` holds the flags, the checks and the
+placement).
 
 In the driver, ``RealDevices`` stands where the emulation's ``StandaloneCap`` stands on the
 emulated box: entered before the first run, it runs one short standalone run per device
@@ -14,7 +15,7 @@ import statistics
 from pathlib import Path
 
 from esync.benchmark import metrics, plan
-from esync.benchmark.hosts import PROBES_DIR, SETTING_NAME, Device
+from esync.benchmark.own_machines import PROBES_DIR, SETTING_NAME, Device
 from esync.benchmark.runs import run_job
 
 

@@ -14,7 +14,7 @@ from datetime import datetime
 from pathlib import Path
 
 from esync.common import modes
-from esync.benchmark import hosts, pace, stats
+from esync.benchmark import own_machines, pace, stats
 from esync.emulation.standalone_cap import describe as describe_emulation
 from esync.benchmark.metrics import TUNING_TOLERANCE
 from esync.benchmark.options import (SYNC_CAP_BUDGETS, canonical_command, describe_byclass_grid,
@@ -605,7 +605,7 @@ def render(args, *, jobs: list[Job], tune_jobs: list[Job], results: dict,
                 "as computing time")
     L += ["## Cluster", ""]
     if getattr(args, "machines", None):
-        L += hosts.cluster_lines(args)
+        L += own_machines.cluster_lines(args)
     else:
         L += [f"- {args.workers} emulated devices on this machine's CPU, one worker process "
               f"each, slow-down factors {slow} ({emulated})"]
