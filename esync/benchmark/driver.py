@@ -49,7 +49,9 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+import esync.benchmark.own_machines as own_machines
 import esync.benchmark.metrics as metrics
+import esync.benchmark.probes as probes
 import esync.benchmark.plan as plan
 import esync.benchmark.report as report
 import esync.emulation.shaping as shaping
@@ -158,7 +160,8 @@ def describe_plan(args, tune_jobs, jobs, settings, confirming=()) -> list[str]:
                  + (f", {args.byclass_tune_budget:g} s each" if byclass
                     else f" ({args.byclass_tune_budget:g} s by class)" if any(args.splits)
                     else "")
-                 + f"; on loopback, seed {args.seed})"
+                 + f"; on {'the machines' if getattr(args, 'machines', None) else 'loopback'}, "
+                   f"seed {args.seed})"
                  + (f", then {len(confirming)} with {plan.describe_seeds(confirming)} (each "
                     f"i.i.d. row's {plan.CONFIRMED_RATES} best rates again)" if confirming
                     else ""))
@@ -221,6 +224,8 @@ def main(argv=None) -> int:
     planned = plan.full_jobs(args, out, rows, settings, chosen_rates(args, rows, None))
     confirmations = plan.planned_confirmations(args, out, rows)
     lines = describe_plan(args, tune_jobs, planned, settings, confirmations)
+    if args.machines:
+        lines += own_machines.plan_lines(args.machines)
     if args.dry_run:
         print("\n".join(f"{PROG}: {line}" for line in lines))
         for job in tune_jobs + planned:
@@ -241,7 +246,8 @@ def main(argv=None) -> int:
     previous = signal.signal(signal.SIGTERM, _sigterm)
     jobs, tuning = [], None
     eta = Eta(tune_jobs + confirmations + planned)
-    cap = emulation.StandaloneCap(args)
+    cap = (probes.RealDevices(args, out, progress) if args.machines
+           else emulation.StandaloneCap(args))
     try:
         with cap:
             progress.note("standalone SGD: " + (
@@ -255,6 +261,10 @@ def main(argv=None) -> int:
         progress.close()
         print(f"{PROG}: interrupted; the run in progress was stopped; no report", file=sys.stderr)
         return 130
+    except probes.ProbeFailed as exc:
+        progress.close()
+        print(f"{PROG}: error: {exc}; no report", file=sys.stderr)
+        return 1
     finally:
         signal.signal(signal.SIGTERM, previous)
     progress.close()

@@ -11,6 +11,7 @@ from datetime import datetime
 from pathlib import Path
 
 import config
+from esync.benchmark import own_machines
 from esync.common import modes
 from esync.common.argtypes import (HelpFormatter, UsageParser, bounded_number, non_negative_int,
                                    positive_float, positive_int, slowdown_factors)
@@ -558,6 +559,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--testbed", choices=sorted(TESTBEDS), default=None,
                    help="a named cluster: its flags come first, yours override them. "
                         + "; ".join(f"{name}: {text}" for name, (text, _) in TESTBEDS.items()))
+    own_machines.add_arguments(parser)
     o = parser.add_argument_group("output")
     o.add_argument("--dry-run", action="store_true",
                    help="print the plan (runs, commands, the time estimate) and exit")
@@ -576,7 +578,10 @@ def with_testbed(argv: list[str]) -> list[str]:
 
 
 def parse_args(argv) -> argparse.Namespace:
-    args = build_parser().parse_args(with_testbed(list(argv)))
+    parser = build_parser()
+    argv = with_testbed(list(argv))
+    args = parser.parse_args(argv)
+    own_machines.check_backend(args, parser, argv)
     args.mode_list = parse_modes(args.modes)
     args.slowdowns = slowdown_factors(args.slowdown, args.workers)
     args.aggregation_list = parse_aggregations(args.aggregations)
@@ -621,6 +626,7 @@ def parse_args(argv) -> argparse.Namespace:
     if out.is_dir() and any(out.iterdir()) and not args.overwrite:
         raise UsageError(f"argument --out: {out} already holds files (an earlier benchmark?); "
                          "choose another --out or pass --overwrite")
+    own_machines.resolve(args)
     return args
 
 
@@ -801,7 +807,7 @@ def canonical_command(args) -> str:
         argv += ["--hosts", args.hosts]
     if Path(args.data_dir).resolve() != Path(config.data_dir).resolve():
         argv += ["-dd", str(args.data_dir)]
-    return shlex.join(argv)
+    return shlex.join(own_machines.canonical_argv(args, argv))
 
 
 def sync_cap(args) -> float:

@@ -8,7 +8,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from esync.benchmark import options
+from esync.benchmark import options, own_machines
 from esync.common import modes
 from esync.common.procs import REPO, python_env
 
@@ -214,7 +214,9 @@ def settings(args, rates: dict | None) -> list[Setting]:
     scenarios = getattr(args, "scenario_list", ["static"])
     for net in args.net_list if "static" in scenarios else []:
         if net == "loopback":
-            found.append(LOOPBACK)
+            machines = getattr(args, "machines", None)
+            found.append(Setting(own_machines.SETTING_NAME, machines.setting_label) if machines
+                         else LOOPBACK)
             continue
         worker_rates, server_rate = rates["worker"], rates["server"]
         argv = ["--net", "netns", "--bandwidth", ",".join(worker_rates),
@@ -514,9 +516,10 @@ def job_argv(args, row: Row, setting: Setting, lr: float, root: Path, budget: fl
     argv = [sys.executable, "-m", "esync.launch", "-m", mode.cli_mode]
     if mode.dcasgd:
         argv += ["-dcasgd", str(mode.dcasgd)]
-    argv += ["--workers", str(args.workers),
-             "--slowdown", ",".join(f"{f:g}" for f in args.slowdowns), *common,
-             "-e", CLUSTER_EVAL, *row.extra]
+    machines = getattr(args, "machines", None)     # real devices: the backend places them
+    placement = machines.launcher if machines else [
+        "--workers", str(args.workers), "--slowdown", ",".join(f"{f:g}" for f in args.slowdowns)]
+    argv += [*placement, *common, "-e", CLUSTER_EVAL, *row.extra]
     if row.split:
         argv += ["-s", str(row.split)]
     argv += list(getattr(args, "emulation_argv", []))

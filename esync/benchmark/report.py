@@ -14,7 +14,7 @@ from datetime import datetime
 from pathlib import Path
 
 from esync.common import modes
-from esync.benchmark import pace, stats
+from esync.benchmark import own_machines, pace, stats
 from esync.emulation.standalone_cap import describe as describe_emulation
 from esync.benchmark.metrics import TUNING_TOLERANCE
 from esync.benchmark.options import (SYNC_CAP_BUDGETS, canonical_command, describe_byclass_grid,
@@ -603,10 +603,13 @@ def render(args, *, jobs: list[Job], tune_jobs: list[Job], results: dict,
                 "device's share), with one compute thread" if capped else
                 "a worker ×F sleeps (F−1)·t after each iteration of t seconds; the wait counts "
                 "as computing time")
-    L += ["## Cluster", "",
-          f"- {args.workers} emulated devices on this machine's CPU, one worker process each, "
-          f"slow-down factors {slow} ({emulated})"]
-    L += describe_emulation(emulation, standalone)
+    L += ["## Cluster", ""]
+    if getattr(args, "machines", None):
+        L += own_machines.cluster_lines(args)
+    else:
+        L += [f"- {args.workers} emulated devices on this machine's CPU, one worker process "
+              f"each, slow-down factors {slow} ({emulated})"]
+        L += describe_emulation(emulation, standalone)
     L += [f"- network `{args.network}`, batch {args.batch_size} per device, data {split}",
           f"- {args.repeats} repeat(s), seeds {seeds} (data partition, shuffling, initial "
           "weights); the learning-rate tuning ran once",
@@ -826,6 +829,7 @@ def write_outputs(args, text: str, *, jobs, tune_jobs, results, tuning, shaping,
                                         else r["vs_sync"].to_json()}
                                        for r in res.get("table1", [])]}
                      for name, res in results.items()},
+        "machines": args.machines.as_json() if getattr(args, "machines", None) else None,
         "problems": problems,
         "runs": [{"tag": j.tag, "setting": j.setting.name, "rep": j.rep, "seed": j.seed,
                   "name": j.row.name, "lr": j.lr, "budget_s": j.budget, "ok": j.ok,
