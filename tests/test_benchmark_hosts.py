@@ -98,7 +98,7 @@ def machines(backend="ssh", devices=(("127.0.0.1", "cpu", "cpu0", 1),)):
     """A hand-made real cluster: (host, device, worker name, threads) per worker."""
     target = (lambda host: host) if backend == "ssh" else (lambda host: own_machines.ANY_NODE)
     return own_machines.Machines(
-        backend, [own_machines.Device(host, target(host), device, worker, threads)
+        backend, [own_machines.PlacedDevice(host, target(host), device, worker, threads)
                   for host, device, worker, threads in devices],
         ["--backend", backend], ssh_base=["ssh", "-T", "-o", "BatchMode=yes"],
         python="/opt/py", repo="/srv/my repo")

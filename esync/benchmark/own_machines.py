@@ -124,7 +124,7 @@ def canonical_argv(args, argv: list[str]) -> list[str]:
 
 
 @dataclass(frozen=True)
-class Device:
+class PlacedDevice:
     """One worker's device: where it is and what the launcher names it."""
     host: str          # the host file's address; under Slurm the node (node0, node1, ...)
     target: str        # what ssh gets (user@address); under Slurm ANY_NODE
@@ -147,7 +147,7 @@ class Device:
 class Machines:
     """The resolved real cluster: its devices in worker order and how to reach them."""
     backend: str
-    devices: list[Device]
+    devices: list[PlacedDevice]
     launcher: list[str]                 # the backend's flags for every cluster run
     ssh_base: list[str] = field(default_factory=list)
     python: str = sys.executable
@@ -155,14 +155,14 @@ class Machines:
     slurm_options: list[str] = field(default_factory=list)
     gpu_request: str = "gpus-per-node"      # Slurm: how a step asks for its GPU
     probes: dict = field(default_factory=dict)     # device key -> probe result
-    fastest: Device | None = None
+    fastest: PlacedDevice | None = None
 
     @property
-    def distinct(self) -> list[Device]:
+    def distinct(self) -> list[PlacedDevice]:
         """One device per (host, device): the probes' list."""
         return list({d.key: d for d in reversed(self.devices)}.values())[::-1]
 
-    def iteration_s(self, device: Device) -> float | None:
+    def iteration_s(self, device: PlacedDevice) -> float | None:
         return (self.probes.get(device.key) or {}).get("iteration_s")
 
     def slowdowns(self) -> list[float]:
@@ -178,11 +178,11 @@ class Machines:
         """The label of the one setting on real machines (``SETTING_NAME``)."""
         return f"the machines' own network (--backend {self.backend}, nothing emulated)"
 
-    def standalone_device(self) -> Device:
+    def standalone_device(self) -> PlacedDevice:
         return self.fastest or self.devices[0]
 
     # -- running main.py on a device -----------------------------------------------------------
-    def on_device(self, device: Device, argv: list[str]) -> tuple[list[str], list[str]]:
+    def on_device(self, device: PlacedDevice, argv: list[str]) -> tuple[list[str], list[str]]:
         """(prefix, argv) that run this machine's ``main.py`` command `argv` on `device`, with
         the launcher's thread count and GPU visibility for it."""
         from esync.common.procs import python_env
@@ -317,7 +317,7 @@ def machines_of(args) -> Machines:
     names = device_names(job.devices)
     if args.backend == "ssh":
         targets = {line.address: line.target for line in job.lines}
-        devices = [Device(host.name, targets[host.name], device, name, count)
+        devices = [PlacedDevice(host.name, targets[host.name], device, name, count)
                    for host, device, name, count in zip(job.hosts.workers, job.devices, names,
                                                         threads)]
         found = Machines("ssh", devices, flags, ssh_base=list(job.ssh.base),
@@ -325,7 +325,7 @@ def machines_of(args) -> Machines:
         check_gpus(found, job.ssh)
         return found
     from esync.launch.roles import REPO
-    devices = [Device(host.name, ANY_NODE, device, name, count)
+    devices = [PlacedDevice(host.name, ANY_NODE, device, name, count)
                for host, device, name, count in zip(job.hosts.workers, job.devices, names,
                                                     threads)]
     return Machines("slurm", devices, flags, repo=str(REPO), slurm_options=srun_options(job),
@@ -349,7 +349,7 @@ GPU_COUNT = ("from esync.launch.gpus import gpu_capabilities; "
 
 def check_gpus(machines: Machines, ssh) -> None:
     """Every gpuN of the host file exists on its host (the CUDA driver's count there)."""
-    wanted: dict[str, list[Device]] = {}
+    wanted: dict[str, list[PlacedDevice]] = {}
     for d in machines.devices:
         if d.device != "cpu":
             wanted.setdefault(d.target, []).append(d)

@@ -15,7 +15,7 @@ import statistics
 from pathlib import Path
 
 from esync.benchmark import metrics, plan
-from esync.benchmark.own_machines import PROBES_DIR, SETTING_NAME, Device
+from esync.benchmark.own_machines import PROBES_DIR, SETTING_NAME, PlacedDevice
 from esync.benchmark.runs import run_job
 
 
@@ -80,7 +80,7 @@ class RealDevices:
         return {"capped": False, "share": None, "reason": self.reason,
                 "host": device.host, "device": device.device}
 
-    def probe_job(self, device: Device):
+    def probe_job(self, device: PlacedDevice):
         """A short standalone run on `device` (``--probe-seconds`` of training, no scoring
         before its end)."""
         args = self.args
