@@ -90,13 +90,12 @@ def _run_all(jobs, progress: Progress, timeout: float | None, eta: Eta) -> None:
         progress.end(job, eta.done(job))
 
 
-def chosen_rates(args, rows, tuning: dict | None) -> dict[str, float]:
-    """Each tuning group's learning rate: the tuning's best, else -l/-ll."""
-    rates = {}
-    for row in rows:
-        best = (tuning or {}).get(row.group, {}).get("lr")
-        rates.setdefault(row.group, best if best is not None else plan.default_lr(args, row))
-    return rates
+def chosen_rates(args, rows, tuning: dict | None) -> tuple[dict, dict]:
+    """Each row group's learning rate and momentum (``plan.chosen_pairs``): the tuning's best
+    pair, else -l/-ll without momentum; as the two dicts ``plan.full_jobs`` takes."""
+    pairs = plan.chosen_pairs(args, rows, tuning)
+    return ({g: lr for g, (lr, _) in pairs.items()},
+            {g: momentum for g, (_, momentum) in pairs.items()})
 
 
 def describe_plan(args, tune_jobs, jobs, settings, confirming=()) -> list[str]:
@@ -106,15 +105,17 @@ def describe_plan(args, tune_jobs, jobs, settings, confirming=()) -> list[str]:
     if tune_jobs:
         groups = len({j.row.group for j in tune_jobs})
         byclass = any(args.splits) and args.byclass_lr_grid != args.lr_grid
-        L.append(f"plan: {len(tune_jobs)} tuning run(s) ({groups} row(s) × "
-                 f"{len(args.lr_grid)} rates, {args.tune_budget:g} s each"
+        momenta = ", ".join(f"{m:g}" for m in args.momentum_grid)
+        L.append(f"plan: {len(tune_jobs)} tuning run(s) ({groups} group(s) × "
+                 f"{len(args.lr_grid)} rates, {args.tune_budget:g} s each; every row but "
+                 f"ESync's once per momentum {momenta}, the rates × (1 - momentum)"
                  + (f"; by class {describe_byclass_grid(args)}" if byclass else "")
                  + (f", {args.byclass_tune_budget:g} s each" if byclass
                     else f" ({args.byclass_tune_budget:g} s by class)" if any(args.splits)
                     else "")
                  + f"; on loopback, seed {args.seed})"
                  + (f", then {len(confirming)} with {plan.describe_seeds(confirming)} (each "
-                    f"i.i.d. row's {plan.CONFIRMED_RATES} best rates again)" if confirming
+                    f"i.i.d. row's {plan.CONFIRMED_RATES} best pairs again)" if confirming
                     else ""))
     first = [j for j in jobs if j.rep == 1]
     per = ", ".join(f"{s.name} {sum(1 for j in first if j.setting.name == s.name)}"
@@ -153,7 +154,7 @@ def main(argv=None) -> int:
     rows = plan.rows(args)
     labels = {row.name: row.label for row in rows}
     problems: list[str] = []
-    for notice in (args.net_notice, args.scenario_notice):
+    for notice in (args.net_notice, args.scenario_notice, args.horovod_notice):
         if notice:
             print(f"{PROG}: {notice}", file=sys.stderr)
     rates = None
@@ -168,7 +169,7 @@ def main(argv=None) -> int:
                 return 1
     settings = plan.settings(args, rates)
     tune_jobs = plan.tuning_jobs(args, out, rows)
-    planned = plan.full_jobs(args, out, rows, settings, chosen_rates(args, rows, None))
+    planned = plan.full_jobs(args, out, rows, settings, *chosen_rates(args, rows, None))
     confirmations = plan.planned_confirmations(args, out, rows)
     lines = describe_plan(args, tune_jobs, planned, settings, confirmations)
     if args.dry_run:
@@ -235,7 +236,11 @@ def main(argv=None) -> int:
                 progress.note("learning rates: " + ", ".join(
                     f"{g} {e['lr']:g}" if e["lr"] is not None else f"{g} default"
                     for g, e in tuning.items()))
-            jobs = plan.full_jobs(args, out, rows, settings, chosen_rates(args, rows, tuning))
+                progress.note("chosen (rate, momentum): " + ", ".join(
+                    f"{g} ({lr:g}, {m:g})"
+                    for g, (lr, m) in plan.chosen_pairs(args, rows, tuning).items()))
+            jobs = plan.full_jobs(args, out, rows, settings,
+                                   *chosen_rates(args, rows, tuning))
             cap.apply(jobs)
             _run_all(jobs, progress, args.job_timeout, eta)
     except KeyboardInterrupt:
