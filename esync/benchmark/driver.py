@@ -1,13 +1,15 @@
 """Run every mode on the same emulated cluster, several times, and write one report folder.
 
-    esync-benchmark                              # the default: ~90 min on 2 cores (see the plan)
+    esync-benchmark                              # the default: ~89 min on 2 cores (see the plan)
     esync-benchmark --dry-run                    # the plan, its commands and time estimate only
     esync-benchmark --budget 8 --modes esync,sync,local --tune-lr none --net loopback \\
         --data iid --repeats 2                   # a smoke run of a few minutes
 
 Rows: every mode of ``--modes``; ESync once per aggregation rule of ``--aggregations``
-(default ``weighted+nesterov=0.9+gl=0.7,mean``); with ``--data both`` (the default) the cluster
-modes again on by-class data, in the first network setting. Network settings (``--net both``,
+(``options.DEFAULT_AGGREGATIONS``); the alternatives a user without ESync would pick (SSGD
+and ASGD on the fast devices alone, ``--fast-devices``; Horovod's SSGD on the whole cluster and
+on them, ``--horovod``); with ``--data both`` the cluster modes again on by-class data, in the
+first network setting (the default is ``--data iid``). Network settings (``--net both``,
 the default): loopback, and every host in its own network namespace with links shaped to the
 rate whose compute-to-communication ratio matches a real cluster (``shaping.py``). Scenarios
 (``--scenarios``, default both): static (all of the above) and shifting (loopback, i.i.d.:
@@ -15,7 +17,9 @@ ESync under each policy, SSGD and ASGD while the second x1 device becomes 6x slo
 ``--shift-at``, a quarter of the budget by default).
 
 Order: with ``--tune-lr`` (a learning-rate grid, widened while a row's best value sits at its
-edge: ``plan.widening_jobs``), first a short run of every row with each value
+edge: ``plan.widening_jobs``; every row but ESync's once per momentum of ``--tune-momentum``,
+its rates times (1 - momentum), and it runs with its best pair), first a short run of every
+row with each value
 on loopback (once, not per repeat; a by-class row is tuned on by-class data); then
 ``--repeats`` rounds (default 3, seeds ``--seed``, ``--seed`` + 1, ...) of the full runs, each
 row with its best value, one after the other, the same training-time budget each; SSGD's i.i.d.

@@ -408,12 +408,14 @@ def build_parser() -> argparse.ArgumentParser:
                                  "rates, two network settings, a fixed and a shifting cluster), "
                                  "several times, and write one report: medians and min–max "
                                  "ranges, speedups from medians, the ESync paper's Table 1.",
-                     epilog="The default is sized to fit in 100 minutes on 2 cores (about 88 "
-                            "min): 3 repeats of 40 s runs, 10 s tuning runs once per row on "
-                            "loopback (the rate reused on shaped links, in the shifting "
-                            "scenario and in every repeat), ESync rows weighted+Nesterov and "
-                            "mean (fednova: --aggregations), by-class rows on loopback only, "
-                            "SSGD's Table 1 runs capped at 2.5 budgets. The plan and its time "
+                     epilog="The default is sized to fit in 100 minutes on 2 cores (about 89 "
+                            "min): 3 repeats of 40 s runs, 10 s tuning runs once per row and "
+                            "momentum on loopback (the pair reused on shaped links, in the "
+                            "shifting scenario and in every repeat), the ESync rows of "
+                            "--aggregations, SSGD and ASGD on the fast devices alone and "
+                            "Horovod's SSGD beside the other modes, i.i.d. data only (by-class "
+                            "rows: --data both), SSGD's Table 1 runs capped at 2.5 budgets. "
+                            "The plan and its time "
                             "estimate are printed at the start; --dry-run prints them only. "
                             "See docs/BENCHMARK.md.")
     c = parser.add_argument_group("cluster (the same for every mode)")
