@@ -3,14 +3,10 @@ grid, the rows of the alternatives a user would pick (SSGD and ASGD on the fast 
 Horovod's SSGD), "vs best other" over all of them, the lead picture and the zoomed accuracy
 axis, and bad input refused before anything runs. Plans, hand-made numbers and dry runs: no
 cluster starts here."""
-import json
-from pathlib import Path
-
 import numpy as np
 import pytest
 from matplotlib.figure import Figure
 
-from support import write_fashion_dir
 from esync import benchmark
 from esync.analysis import compare
 from esync.benchmark import options, plan, report, stats
@@ -21,10 +17,10 @@ FLAGS = {"--aggregation", "--outer-momentum", "--nesterov", "--net", "--bandwidt
 RATES = {"worker": ["150mbit"], "server": "150mbit"}
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return write_fashion_dir(tmp_path_factory.mktemp("fair") / "data", train_per_class=10,
-                             test_per_class=5)
+@pytest.fixture
+def data_dir(fashion_data_dir):
+    """Only its files' presence matters here: nothing trains."""
+    return fashion_data_dir
 
 
 @pytest.fixture
