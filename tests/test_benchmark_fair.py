@@ -185,20 +185,6 @@ def test_the_report_states_the_rule_and_each_rows_pair(data_dir, tmp_path, full_
         labels["local"], "Standalone SGD")
 
 
-def test_the_default_benchmark_with_the_alternatives_fits_in_100_minutes(data_dir, tmp_path,
-                                                                         full_launcher):
-    args = args_for(data_dir, tmp_path)
-    rows = plan.rows(args)
-    names = [r.name for r in rows if r.scenario == "static"]
-    assert {"sync-fast", "async-fast", "sync-allreduce", "sync-allreduce-fast"} <= set(names)
-    jobs = plan.tuning_jobs(args, tmp_path, rows) + plan.planned_confirmations(
-        args, tmp_path, rows) + plan.full_jobs(args, tmp_path, rows,
-                                               plan.settings(args, RATES),
-                                               {r.group: 0.001 for r in rows})
-    # room for what the plan cannot know (a widening or two), as for the default before
-    assert plan.estimate(jobs)["total_s"] + 5.5 * 60 <= 100 * 60
-
-
 def test_dry_run_shows_the_momentum_runs_and_the_fast_rows(data_dir, tmp_path, full_launcher,
                                                            capsys):
     out = tmp_path / "dry"
@@ -267,3 +253,13 @@ def test_the_lead_picture_puts_esync_first_and_caps_unreached_ends(tmp_path):
     times = report.lead_times(args, results, [LOOPBACK])
     assert list(times) == ["esync-mean", "sync-fast"]             # i.i.d. rows, ESync first
     assert times["sync-fast"]["loopback"] == (22.0, 20.0, 40.0)
+
+
+def test_the_report_names_the_fast_devices_and_what_the_default_trims(data_dir, tmp_path,
+                                                                      full_launcher):
+    text = "\n".join(report.alternatives_lines(args_for(data_dir, tmp_path)))
+    assert "the fast devices alone: cpu0, cpu1 (×1, ×1), the rest idle" in text
+    assert "Horovod's SSGD (`--collective allreduce`) on the whole cluster and on the fast" in text
+    assert "no by-class rows (`--data both` adds them)" in text
+    assert report.alternatives_lines(args_for(data_dir, tmp_path, "--niid", "--fast-devices",
+                                              "none", "--horovod", "off")) == []

@@ -19,7 +19,7 @@ from esync.benchmark import pace, stats
 from esync.emulation.standalone_cap import describe as describe_emulation
 from esync.benchmark.metrics import TUNING_TOLERANCE
 from esync.benchmark.options import (SYNC_CAP_BUDGETS, canonical_command, describe_byclass_grid,
-                                     repeat_seeds, sync_cap)
+                                     describe_fast_devices, repeat_seeds, sync_cap)
 from esync.benchmark.plan import (CLUSTER_EVAL, CONFIRMED_RATES, LENGTHENED_RATES, SHIFTING,
                                   STANDALONE_CONFIRMING_SEEDS, UNDECIDED_SCORE,
                                   Job, Setting, display_argv, sync_target)
@@ -166,8 +166,8 @@ def tuning_section(args, tuning: dict | None, rows, labels: dict) -> list[str]:
         L.append(f"| {group_label(group, labels)} | " + " | ".join(cells) + f" | {chosen} |")
     L.append("")
     for group, budget in lengthened.items():
-        L += [f"⁺ {group_label(group, labels)}: no rate's short run left chance (best score under "
-              f"{UNDECIDED_SCORE:g}; chance is 0.1), so its {LENGTHENED_RATES} best rates ran "
+        L += [f"⁺ {group_label(group, labels)}: no rate's short run left chance (best score "
+              f"under {UNDECIDED_SCORE:g}; chance is 0.1), so its {LENGTHENED_RATES} best rates ran "
               f"again for {budget:g} s, and those runs decided (their short runs' scores in "
               "parentheses).", ""]
     return L
@@ -608,6 +608,27 @@ def draw(args, results: dict, settings: list[Setting], labels: dict, out: Path) 
     return written
 
 
+def alternatives_lines(args) -> list[str]:
+    """The Cluster section's lines on the alternatives' rows and on what the default trims."""
+    fast = getattr(args, "fast_list", [])
+    L = []
+    if fast:
+        L.append(f"- the fast devices alone: {describe_fast_devices(args)}, the rest idle "
+                 "(`--fast-devices`), each under its cap in the cluster: rows SSGD and ASGD"
+                 + (" and Horovod's SSGD" if getattr(args, "horovod_rows", False) else "")
+                 + " on them")
+    if getattr(args, "horovod_rows", False):
+        L.append("- Horovod's SSGD (`--collective allreduce`) on the whole cluster"
+                 + (" and on the fast devices" if fast else "") + ", with SSGD's pair")
+    elif getattr(args, "horovod_notice", None):
+        L.append(f"- {args.horovod_notice}")
+    if args.splits == [0]:
+        L.append("- no by-class rows (`--data both` adds them): the default leaves them out "
+                 "to fit 100 minutes on 2 cores with the momentum axis of the grid and the "
+                 "alternatives' rows (docs/BENCHMARK.md, \"Budget\")")
+    return L
+
+
 LEAD_STEM = "time-to-target"
 
 
@@ -723,6 +744,7 @@ def render(args, *, jobs: list[Job], tune_jobs: list[Job], results: dict,
           + (f"; on by-class data {', '.join(a.label for a in args.byclass_aggregation_list)}"
              if any(args.splits) else "") + "); "
           f"state-server policy {args.policy}",
+          *alternatives_lines(args),
           "- standalone SGD (`local`): `main.py -m local` on one ×1 device, evaluated every "
           f"{args.local_eval_every} iterations; its budget is training time "
           "(`--max-train-seconds`: the inline scoring of the test set is left out, as the "
