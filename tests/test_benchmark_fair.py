@@ -263,3 +263,13 @@ def test_the_report_names_the_fast_devices_and_what_the_default_trims(data_dir, 
     assert "no by-class rows (`--data both` adds them)" in text
     assert report.alternatives_lines(args_for(data_dir, tmp_path, "--niid", "--fast-devices",
                                               "none", "--horovod", "off")) == []
+
+
+def test_table1_runs_only_the_whole_clusters_ssgd_past_the_budget():
+    per_rep = {"sync": [{"time_to_table1": None, "time_to_table1_uncut": 60.0}] * 3,
+               "sync-fast": [{"time_to_table1": 25.0, "time_to_table1_uncut": 25.0}] * 3,
+               "esync-mean": [{"time_to_table1": 15.0}] * 3}
+    rows = {r["name"]: r for r in stats.table1(per_rep, budget=40, sync_cap=100)}
+    assert (rows["sync"]["horizon"], rows["sync-fast"]["horizon"]) == (100, 40)
+    assert rows["sync-fast"]["vs_sync"].value == pytest.approx(60 / 25)
+    assert rows["sync"]["vs_sync"] is None
