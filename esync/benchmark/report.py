@@ -131,7 +131,8 @@ def tuning_section(args, tuning: dict | None, rows, labels: dict) -> list[str]:
           f"or the smallest rate within {TUNING_TOLERANCE:g} of it (one short run cannot tell "
           "them apart). A run's score is its mean test accuracy over the checkpoints of its "
           "second half (one checkpoint is one sample of a curve that moves). Each i.i.d. row's "
-          f"{CONFIRMED_RATES} best rates then ran again with seed {args.seed + 1}"
+          f"{CONFIRMED_RATES} best rates (of any momentum) then ran again with seed "
+          f"{args.seed + 1}"
           + (", one device alone's also with seed "
              + ", ".join(str(args.seed + i) for i in range(2, STANDALONE_CONFIRMING_SEEDS + 1))
              if any(modes.family(g) == modes.STANDALONE for g in tuning) else "")
