@@ -103,11 +103,26 @@ def test_fast_device_rows_run_those_devices_under_the_clusters_caps(data_dir, tm
         argv = job.argv
         assert (value_after(argv, "--workers"), value_after(argv, "--slowdown"),
                 value_after(argv, "--cpu-share")) == ("2", "1,1", "0.505")
+        # under auto the launcher would cap no device of factor 1: the caps are asked for
+        assert value_after(argv, "--emulation") == "cpu-cap"
         assert not job.extended and value_after(argv, "--max-seconds") == "40.0"
         if job.setting.name == "netns":
             assert value_after(argv, "--bandwidth") == "100mbit,110mbit"
     # Table 1's SSGD is the parameter server's on the whole cluster only
     assert {j.name for j in jobs if j.extended} == {"sync"}
+
+
+def test_fast_device_rows_sleep_like_the_cluster_where_caps_cannot_run(
+        data_dir, tmp_path, full_launcher, monkeypatch):
+    import esync.emulation.shaping as shaping
+    monkeypatch.setattr(shaping, "x1_share", lambda args: None)      # no cgroups here
+    args = args_for(data_dir, tmp_path, "--repeats", "1", "--scenarios", "static",
+                    "--net", "loopback")
+    rows = [r for r in plan.rows(args) if r.devices]
+    jobs = plan.full_jobs(args, tmp_path, rows, plan.settings(args, None),
+                          {r.group: 0.001 for r in rows})
+    assert jobs and all(value_after(j.argv, "--emulation") == "auto"
+                        and "--cpu-share" not in j.argv for j in jobs)
 
 
 def test_no_fast_rows_where_the_user_says_none(data_dir, tmp_path, full_launcher):
@@ -259,6 +274,9 @@ def test_the_report_names_the_fast_devices_and_what_the_default_trims(data_dir, 
                                                                       full_launcher):
     text = "\n".join(report.alternatives_lines(args_for(data_dir, tmp_path)))
     assert "the fast devices alone: cpu0, cpu1 (×1, ×1), the rest idle" in text
+    assert "rows SSGD and ASGD and Horovod's SSGD on them" in text
+    sync_only = report.alternatives_lines(args_for(data_dir, tmp_path, "--modes", "esync,sync"))
+    assert "rows SSGD and Horovod's SSGD on them" in sync_only[0]
     assert "Horovod's SSGD (`--collective allreduce`) on the whole cluster and on the fast" in text
     assert "no by-class rows (`--data both` adds them)" in text
     assert report.alternatives_lines(args_for(data_dir, tmp_path, "--niid", "--fast-devices",

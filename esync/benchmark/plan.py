@@ -646,15 +646,20 @@ def momentum_argv(args, row: Row) -> list[str]:
 
 def subset_argv(args, row: Row, setting: Setting, common: list[str]) -> list[str]:
     """The launcher's flags of a row on some devices alone: their factors, and under CPU caps
-    the whole cluster's share for a x1 device (``--cpu-share``), so each device computes as
-    fast as it does in the cluster; a per-host --bandwidth list keeps those hosts' rates, and
-    each device is a host of its own (--hosts is the whole cluster's layout)."""
+    the whole cluster's share for a x1 device (``--cpu-share``) with ``--emulation cpu-cap``
+    (under ``auto`` the launcher caps nothing when no device is slower than x1, and the fast
+    devices would compute on whole cores), so each device computes as fast as it does in the
+    cluster; a per-host --bandwidth list keeps those hosts' rates, and each device is a host of
+    its own (--hosts is the whole cluster's layout)."""
     factors = [args.slowdowns[i] for i in row.devices]
-    argv = ["--workers", str(len(factors)), "--slowdown", ",".join(f"{f:g}" for f in factors),
-            *common, "-e", CLUSTER_EVAL, *row.extra, *getattr(args, "emulation_argv", [])]
+    emulation = list(getattr(args, "emulation_argv", []))
     share = cluster_share(args)
-    if share is not None and "--cpu-share" not in argv:
-        argv += ["--cpu-share", f"{share:g}"]
+    if share is not None:
+        emulation[emulation.index("--emulation") + 1] = "cpu-cap"
+        if "--cpu-share" not in emulation:
+            emulation += ["--cpu-share", f"{share:g}"]
+    argv = ["--workers", str(len(factors)), "--slowdown", ",".join(f"{f:g}" for f in factors),
+            *common, "-e", CLUSTER_EVAL, *row.extra, *emulation]
     shown = list(setting.argv)
     if "--hosts" in shown:
         at = shown.index("--hosts")

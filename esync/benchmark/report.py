@@ -20,8 +20,8 @@ from esync.emulation.standalone_cap import describe as describe_emulation
 from esync.benchmark.metrics import TUNING_TOLERANCE
 from esync.benchmark.options import (SYNC_CAP_BUDGETS, canonical_command, describe_byclass_grid,
                                      describe_fast_devices, repeat_seeds, sync_cap)
-from esync.benchmark.plan import (CLUSTER_EVAL, CONFIRMED_RATES, LENGTHENED_RATES, SHIFTING,
-                                  STANDALONE_CONFIRMING_SEEDS, UNDECIDED_SCORE,
+from esync.benchmark.plan import (CLUSTER_EVAL, CONFIRMED_RATES, FAST_MODES, LENGTHENED_RATES,
+                                  SHIFTING, STANDALONE_CONFIRMING_SEEDS, UNDECIDED_SCORE,
                                   Job, Setting, display_argv, sync_target)
 from esync.benchmark.runs import tail
 from esync.emulation.shaping import rate_bit_s
@@ -613,11 +613,12 @@ def alternatives_lines(args) -> list[str]:
     """The Cluster section's lines on the alternatives' rows and on what the default trims."""
     fast = getattr(args, "fast_list", [])
     L = []
-    if fast:
+    on_fast = [modes.get(m).label for m in FAST_MODES if m in args.mode_list]
+    on_fast += ["Horovod's SSGD"] * bool(getattr(args, "horovod_rows", False))
+    if fast and on_fast:
         L.append(f"- the fast devices alone: {describe_fast_devices(args)}, the rest idle "
-                 "(`--fast-devices`), each under its cap in the cluster: rows SSGD and ASGD"
-                 + (" and Horovod's SSGD" if getattr(args, "horovod_rows", False) else "")
-                 + " on them")
+                 "(`--fast-devices`), each under its cap in the cluster: rows "
+                 + " and ".join(on_fast) + " on them")
     if getattr(args, "horovod_rows", False):
         L.append("- Horovod's SSGD (`--collective allreduce`) on the whole cluster"
                  + (" and on the fast devices" if fast else "") + ", with SSGD's pair")
