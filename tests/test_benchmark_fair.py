@@ -250,7 +250,8 @@ def test_the_lead_picture_draws_each_rows_median_and_range_per_setting():
     bars = {p.get_gid(): p.get_width() for p in panels["loopback"].patches}
     assert bars == {"esync-mean-loopback": 16.0, "sync-fast-loopback": 22.2}
     missed = [t.get_gid() for t in panels["netns"].texts]
-    assert missed == ["sync-fast-netns-missed"]
+    assert missed == ["esync-mean-netns-value", "sync-fast-netns-missed"]
+    assert [t.get_text() for t in panels["loopback"].texts] == ["16.0 s", "22.2 s"]
     assert not compare.draw_time_to_target(Figure(), {"x": {"loopback": None}}, {},
                                            target=0.85, budget=40, title="t")
 
