@@ -213,8 +213,7 @@ def draw_time_to_target(fig: Figure, times: dict[str, dict[str, tuple | None]],
             value = times[row].get(setting)
             if value is None or value[0] is None:
                 ax.text(budget, y, f"not reached in {budget:g} s", va="center", ha="right",
-                    fontsize="x-small",
-                        color="0.4", gid=f"{row}-{setting}-missed")
+                        fontsize="x-small", color="0.4", gid=f"{row}-{setting}-missed")
                 continue
             mid, low, high = value
             ax.barh(y, mid, color=modes.colour(modes.family(row), "0.5"), edgecolor="k",
