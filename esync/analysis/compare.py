@@ -9,6 +9,7 @@ anything, so callers and tests can read the plotted data back from the figure's 
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import matplotlib
@@ -89,21 +90,50 @@ def accuracy_band(series: list[tuple[list[float], list[float]]],
     return grid, np.median(stack, axis=0), stack.min(axis=0), stack.max(axis=0)
 
 
+# A zoomed accuracy axis starts at this quantile of the medians drawn (the climb from chance
+# takes the first seconds; the rows differ above it) and leaves this much room around the data.
+ZOOM_QUANTILE = 0.1
+ZOOM_STEP = 0.05
+
+
+def zoomed_range(medians: list[np.ndarray], highs: list[np.ndarray],
+                 target: float | None = None) -> tuple[float, float] | None:
+    """The accuracy axis ``(low, high)`` where the rows differ: from the ``ZOOM_QUANTILE`` of
+    every median point drawn (and below the target, so its line shows) to the highest band,
+    both rounded outwards to ``ZOOM_STEP``; None when nothing was drawn."""
+    points = np.concatenate([m for m in medians if len(m)]) if medians else np.array([])
+    if not len(points):
+        return None
+    low = float(np.quantile(points, ZOOM_QUANTILE))
+    if target is not None:
+        low = min(low, target - ZOOM_STEP)
+    high = max(float(np.max(h)) for h in highs if len(h))
+    # (the small slack keeps a value on a step, e.g. 0.8, from rounding a step away)
+    low = max(0.0, math.floor(low / ZOOM_STEP + 1e-9) * ZOOM_STEP)
+    high = min(1.0, math.ceil(high / ZOOM_STEP - 1e-9) * ZOOM_STEP)
+    return (low, high) if high > low else None
+
+
 def draw_accuracy_bands(fig: Figure, repeats: dict[str, list[dict]], labels: dict[str, str], *,
                         title: str, target: float | None = None, xmax: float | None = None,
-                        marks: dict[str, float] | None = None) -> bool:
+                        marks: dict[str, float] | None = None, zoom: bool = False) -> bool:
     """Median test accuracy over time of each row across its repeats (``repeats[row]``: one
     summary per repeat), with a min–max band (gid ``<row>-band``) when there are several.
-    ``marks``: vertical lines (label -> seconds), e.g. when a device slowed down."""
+    ``marks``: vertical lines (label -> seconds), e.g. when a device slowed down. ``zoom``:
+    the accuracy axis spans where the rows differ (``zoomed_range``), not 0-1: every tuned row
+    climbs from chance within seconds, and the comparison is in the last few hundredths."""
     styles = row_styles(list(repeats))
     ax = fig.add_subplot()
     drawn = False
+    medians, highs = [], []
     for name, summaries in repeats.items():
         series = [s for s in (accuracy_series(x) for x in summaries) if s is not None]
         band = accuracy_band([(s[0], s[1]) for s in series], xmax)
         if band is None:
             continue
         grid, mid, low, high = band
+        medians.append(mid)
+        highs.append(high)
         # Markers only where the line is too short to see (a point or two).
         style = dict(styles[name], marker=styles[name]["marker"] if len(grid) < 3 else None)
         n = len(series)
@@ -122,8 +152,9 @@ def draw_accuracy_bands(fig: Figure, repeats: dict[str, list[dict]], labels: dic
         ax.axvline(seconds, color="0.3", linewidth=0.8, linestyle="--", gid=f"mark-{text}",
                    label=text)
     ax.set_xlabel("Time (s)")
-    ax.set_ylabel("Test accuracy")
-    ax.set_ylim(0, 1)
+    span = zoomed_range(medians, highs, target) if zoom else None
+    ax.set_ylabel("Test accuracy" + (" (axis zoomed)" if span else ""))
+    ax.set_ylim(*(span or (0, 1)))
     if xmax:
         ax.set_xlim(0, xmax)
     else:
@@ -158,6 +189,46 @@ def draw_setting_bars(fig: Figure, values: dict[str, dict[str, float | None]],
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.legend(fontsize="small")
+    return True
+
+
+def draw_time_to_target(fig: Figure, times: dict[str, dict[str, tuple | None]],
+                        labels: dict[str, str], *, target: float, budget: float,
+                        title: str) -> bool:
+    """One panel per network setting, one horizontal bar per row: its median time to the
+    target, with a min–max bar over the repeats (``times[row][setting]``: ``(median, low,
+    high)``, None where the median run did not reach it). A row that did not reach the target
+    gets no bar but a note at the budget, never a bar that looks like a time."""
+    rows = [r for r in times if any(v is not None for v in times[r].values())]
+    if not rows:
+        return False
+    settings = list(dict.fromkeys(s for r in times for s in times[r]))
+    axes = fig.subplots(1, len(settings), sharey=True, squeeze=False)[0]
+    ys = list(range(len(rows)))[::-1]
+    # SSGD's Table 1 runs may pass the budget: the axis holds every range drawn
+    right = 1.08 * max([budget] + [v[2] for r in rows for v in times[r].values()
+                                   if v is not None and v[2] is not None])
+    for ax, setting in zip(axes, settings):
+        for y, row in zip(ys, rows):
+            value = times[row].get(setting)
+            if value is None or value[0] is None:
+                ax.text(budget, y, f"not reached in {budget:g} s", va="center", ha="right",
+                        fontsize="x-small", color="0.4", gid=f"{row}-{setting}-missed")
+                continue
+            mid, low, high = value
+            ax.barh(y, mid, color=modes.colour(modes.family(row), "0.5"), edgecolor="k",
+                    linewidth=0.3, gid=f"{row}-{setting}")
+            if low is not None and high is not None and high > low:
+                ax.errorbar(mid, y, xerr=[[mid - low], [high - mid]], color="k", capsize=3,
+                            linewidth=0.8, gid=f"{row}-{setting}-range")
+            ax.text(max(mid, high or mid) + 0.01 * right, y, f"{mid:.1f} s", va="center",
+                    fontsize="x-small", gid=f"{row}-{setting}-value")
+        ax.set_xlim(0, right)
+        ax.set_title(setting, fontsize="small")
+        ax.set_xlabel(f"Seconds to {target:g} (median, min–max)")
+        ax.grid(axis="x", alpha=0.3)
+    axes[0].set_yticks(ys, [labels.get(r, r) for r in rows], fontsize="x-small")
+    fig.suptitle(title)
     return True
 
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Callable
 
 import matplotlib
+import numpy as np
 from matplotlib.figure import Figure
 
 from esync.analysis.summary import (LogError, device_entries, find_device_dirs, load_summary, split_mode,
@@ -41,6 +42,7 @@ from esync.analysis.table import (MODE_ORDER, accuracy_series, cluster_totals, f
                                   mode_label, mode_sort_key, speedup_table, time_to_accuracy,
                                   write_table)
 
+from esync.analysis.compare import zoomed_range
 from esync.common import modes, runlayout
 from esync.common.argtypes import HelpFormatter, bounded_number
 
@@ -128,9 +130,10 @@ def _standalone(summaries: dict) -> float | None:
 
 
 def draw_accuracy(fig: Figure, summaries: dict, *, niid: bool | modes.Split, network: str,
-                  notify: Notify = _stderr) -> bool:
+                  notify: Notify = _stderr, zoom: bool = False) -> bool:
     """Test accuracy over time of one data split (``niid``: True for by-class, or a registry
-    split); False (nothing drawn) when no mode has accuracy records."""
+    split); False (nothing drawn) when no mode has accuracy records. ``zoom``: the accuracy
+    axis spans where the modes differ (``compare.zoomed_range``), not the original's 0-1."""
     split = niid if isinstance(niid, modes.Split) else modes.split(int(niid))
     suffix = split.suffix
     series = {}
@@ -159,8 +162,10 @@ def draw_accuracy(fig: Figure, summaries: dict, *, niid: bool | modes.Split, net
         notify("accuracy: no standalone (local) run with accuracy; no dashed line")
     ax.set_title(f"Test accuracy ({split.label or 'i.i.d.'}) — {network}")
     ax.set_xlabel(xlabel)
-    ax.set_ylabel("Test accuracy")
-    ax.set_ylim(0, 1)
+    curves = [np.asarray(accs, dtype=float) for _, accs, _ in series.values()]
+    span = zoomed_range(curves, curves) if zoom else None
+    ax.set_ylabel("Test accuracy" + (" (axis zoomed)" if span else ""))
+    ax.set_ylim(*(span or (0, 1)))
     ax.set_xlim(left=0)
     ax.grid(alpha=0.3)
     ax.legend()
@@ -313,10 +318,12 @@ def _save(fig: Figure, out_dir: Path, stem: str) -> list[Path]:
 
 
 def draw_all(summaries: dict, out_dir, *, network: str, show: bool = False,
-             notify: Notify = _stderr, model: ModelSize | None = None) -> list[Path]:
+             notify: Notify = _stderr, model: ModelSize | None = None,
+             zoom: bool = False) -> list[Path]:
     """Draw the five figures that have data into ``out_dir``; return the files written.
 
-    ``model`` sizes the traffic estimate of logs without byte counts (see ``draw_traffic``).
+    ``model`` sizes the traffic estimate of logs without byte counts (see ``draw_traffic``);
+    ``zoom`` zooms the accuracy axes (``draw_accuracy``).
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -330,7 +337,8 @@ def draw_all(summaries: dict, out_dir, *, network: str, show: bool = False,
             continue              # a newer split nobody ran: no notice about a missing figure
         jobs.append((f"accuracy{split.suffix or '-iid'}", (6.4, 4.8),
                      lambda fig, of_split=of_split, split=split: draw_accuracy(
-                         fig, of_split, niid=split, network=network, notify=notify)))
+                         fig, of_split, niid=split, network=network, notify=notify,
+                         zoom=zoom)))
     jobs += [
         ("data-throughput", (11, 4.8),
          lambda fig: draw_throughput(fig, summaries, network=network)),
@@ -376,6 +384,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--show", action="store_true", help="also open the figures in windows")
     parser.add_argument("--target", type=_target, default=0.8,
                         help="test accuracy whose time to reach gives the speedup")
+    parser.add_argument("--zoom-accuracy", action="store_true",
+                        help="accuracy axes zoomed to where the modes differ (default: 0-1, "
+                             "as the original's figures)")
     parser.add_argument("--model-mb", type=_model_mb, default=None,
                         help="size of the model in MB (10^6 bytes), for the traffic estimate of "
                              "logs that count no bytes (the original's); default: the size of "
@@ -413,7 +424,8 @@ def main(argv=None) -> int:
         if len(roots) > 1:
             _stderr(f"figures from {roots[0]}; table over {len(roots)} log roots")
         model = model_size_for(runs[0], args.network, args.model_mb)
-        written = draw_all(runs[0], out_dir, network=args.network, show=args.show, model=model)
+        written = draw_all(runs[0], out_dir, network=args.network, show=args.show, model=model,
+                           zoom=args.zoom_accuracy)
         written += write_table(speedup_table(runs, target=args.target), out_dir,
                                network=args.network, target=args.target)
     except (LogError, OSError) as exc:

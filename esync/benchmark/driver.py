@@ -1,13 +1,15 @@
 """Run every mode on the same emulated cluster, several times, and write one report folder.
 
-    esync-benchmark                              # the default: ~90 min on 2 cores (see the plan)
+    esync-benchmark                              # the default: ~89 min on 2 cores (see the plan)
     esync-benchmark --dry-run                    # the plan, its commands and time estimate only
     esync-benchmark --budget 8 --modes esync,sync,local --tune-lr none --net loopback \\
         --data iid --repeats 2                   # a smoke run of a few minutes
 
 Rows: every mode of ``--modes``; ESync once per aggregation rule of ``--aggregations``
-(default ``weighted+nesterov=0.9+gl=0.7,mean``); with ``--data both`` (the default) the cluster
-modes again on by-class data, in the first network setting. Network settings (``--net both``,
+(``options.DEFAULT_AGGREGATIONS``); the alternatives a user without ESync would pick (SSGD
+and ASGD on the fast devices alone, ``--fast-devices``; Horovod's SSGD on the whole cluster and
+on them, ``--horovod``); with ``--data both`` the cluster modes again on by-class data, in the
+first network setting (the default is ``--data iid``). Network settings (``--net both``,
 the default): loopback, and every host in its own network namespace with links shaped to the
 rate whose compute-to-communication ratio matches a real cluster (``shaping.py``). Scenarios
 (``--scenarios``, default both): static (all of the above) and shifting (loopback, i.i.d.:
@@ -15,7 +17,9 @@ ESync under each policy, SSGD and ASGD while the second x1 device becomes 6x slo
 ``--shift-at``, a quarter of the budget by default).
 
 Order: with ``--tune-lr`` (a learning-rate grid, widened while a row's best value sits at its
-edge: ``plan.widening_jobs``), first a short run of every row with each value
+edge: ``plan.widening_jobs``; every row but ESync's once per momentum of ``--tune-momentum``,
+its rates times (1 - momentum), and it runs with its best pair), first a short run of every
+row with each value
 on loopback (once, not per repeat; a by-class row is tuned on by-class data); then
 ``--repeats`` rounds (default 3, seeds ``--seed``, ``--seed`` + 1, ...) of the full runs, each
 row with its best value, one after the other, the same training-time budget each; SSGD's i.i.d.
@@ -135,16 +139,20 @@ def tune(args, out: Path, rows, tune_jobs, progress: Progress, eta: Eta, cap):
         progress.note("learning rates: " + ", ".join(
             f"{g} {e['lr']:g}" if e["lr"] is not None else f"{g} default"
             for g, e in tuning.items()))
+        progress.note("chosen (rate, momentum): " + ", ".join(
+            f"{g} ({lr:g}, {m:g})" for g, (lr, m) in plan.chosen_pairs(args, rows, tuning).items()))
     return tune_jobs, tuning
 
 
 def chosen_rates(args, rows, tuning: dict | None) -> dict[str, float]:
-    """Each tuning group's learning rate: the tuning's best, else -l/-ll."""
-    rates = {}
-    for row in rows:
-        best = (tuning or {}).get(row.group, {}).get("lr")
-        rates.setdefault(row.group, best if best is not None else plan.default_lr(args, row))
-    return rates
+    """Each row group's learning rate (``plan.chosen_pairs``): the tuning's best pair's, else
+    -l/-ll."""
+    return {g: lr for g, (lr, _) in plan.chosen_pairs(args, rows, tuning).items()}
+
+
+def chosen_momenta(args, rows, tuning: dict | None) -> dict[str, float]:
+    """Each row group's momentum: the tuning's best pair's, else none."""
+    return {g: m for g, (_, m) in plan.chosen_pairs(args, rows, tuning).items()}
 
 
 def describe_plan(args, tune_jobs, jobs, settings, confirming=()) -> list[str]:
@@ -154,8 +162,10 @@ def describe_plan(args, tune_jobs, jobs, settings, confirming=()) -> list[str]:
     if tune_jobs:
         groups = len({j.row.group for j in tune_jobs})
         byclass = any(args.splits) and args.byclass_lr_grid != args.lr_grid
-        L.append(f"plan: {len(tune_jobs)} tuning run(s) ({groups} row(s) × "
-                 f"{len(args.lr_grid)} rates, {args.tune_budget:g} s each"
+        momenta = ", ".join(f"{m:g}" for m in args.momentum_grid)
+        L.append(f"plan: {len(tune_jobs)} tuning run(s) ({groups} group(s) × "
+                 f"{len(args.lr_grid)} rates, {args.tune_budget:g} s each; every row but "
+                 f"ESync's once per momentum {momenta}, the rates × (1 - momentum)"
                  + (f"; by class {describe_byclass_grid(args)}" if byclass else "")
                  + (f", {args.byclass_tune_budget:g} s each" if byclass
                     else f" ({args.byclass_tune_budget:g} s by class)" if any(args.splits)
@@ -163,7 +173,7 @@ def describe_plan(args, tune_jobs, jobs, settings, confirming=()) -> list[str]:
                  + f"; on {'the machines' if getattr(args, 'machines', None) else 'loopback'}, "
                    f"seed {args.seed})"
                  + (f", then {len(confirming)} with {plan.describe_seeds(confirming)} (each "
-                    f"i.i.d. row's {plan.CONFIRMED_RATES} best rates again)" if confirming
+                    f"i.i.d. row's {plan.CONFIRMED_RATES} best pairs again)" if confirming
                     else ""))
     first = [j for j in jobs if j.rep == 1]
     per = ", ".join(f"{s.name} {sum(1 for j in first if j.setting.name == s.name)}"
@@ -206,7 +216,7 @@ def main(argv=None) -> int:
     rows = plan.rows(args)
     labels = {row.name: row.label for row in rows}
     problems: list[str] = []
-    for notice in (args.net_notice, args.scenario_notice):
+    for notice in (args.net_notice, args.scenario_notice, args.horovod_notice):
         if notice:
             print(f"{PROG}: {notice}", file=sys.stderr)
     rates = None
@@ -221,7 +231,8 @@ def main(argv=None) -> int:
                 return 1
     settings = plan.settings(args, rates)
     tune_jobs = plan.tuning_jobs(args, out, rows)
-    planned = plan.full_jobs(args, out, rows, settings, chosen_rates(args, rows, None))
+    planned = plan.full_jobs(args, out, rows, settings, chosen_rates(args, rows, None),
+                             chosen_momenta(args, rows, None))
     confirmations = plan.planned_confirmations(args, out, rows)
     lines = describe_plan(args, tune_jobs, planned, settings, confirmations)
     if args.machines:
@@ -254,7 +265,8 @@ def main(argv=None) -> int:
                 f"capped at {cap.share:g} core, like a ×1 device of the cluster"
                 if cap.share is not None else f"uncapped ({cap.reason})"))
             tune_jobs, tuning = tune(args, out, rows, tune_jobs, progress, eta, cap)
-            jobs = plan.full_jobs(args, out, rows, settings, chosen_rates(args, rows, tuning))
+            jobs = plan.full_jobs(args, out, rows, settings, chosen_rates(args, rows, tuning),
+                                  chosen_momenta(args, rows, tuning))
             cap.apply(jobs)
             _run_all(jobs, progress, args.job_timeout, eta)
     except KeyboardInterrupt:

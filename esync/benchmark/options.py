@@ -84,9 +84,14 @@ DEFAULT_REPEATS = 3
 # fit 100 minutes once the best tuning rates are confirmed with a second seed); where it still
 # falls short the speedup is a lower bound.
 SYNC_CAP_BUDGETS = 2.5
-# --data names of the splits (-s values); "both" is i.i.d. and by class, the default.
+# --data names of the splits (-s values); "both" is i.i.d. and by class.
 DATA_SPLITS = {"iid": 0, "by-class": 1, "by-class-shuffled": 2}
 DATA_ALIASES = {"both": "iid,by-class"}
+# The default runs i.i.d. rows only: once every baseline row is tuned over the momentum axis
+# too and the fast-devices and Horovod rows run, the by-class rows (36 min of a 94-minute
+# default: 120 s runs and 40 s tuning runs, 47 min with their momentum groups) no longer fit
+# 100 minutes on 2 cores; --data both adds them (docs/BENCHMARK.md, "Budget").
+DEFAULT_DATA = "iid"
 
 
 # Named clusters (--testbed): (what it is, the benchmark flags it stands for). The ESync journal
@@ -110,6 +115,17 @@ TESTBEDS = {
 # was, ESync had reached 0.85 before it in every run of the default benchmark (13-15 s), so its
 # time to the target did not see the change at all.
 SHIFT_AT_SHARE = 0.25
+
+# The momentum axis of every baseline row's grid (SSGD, ASGD, DC-ASGD, one device alone, the
+# fast devices alone, Horovod): plain SGD, as the original ran them, and momentum 0.9, the
+# default of every ImageNet recipe. A momentum m multiplies the long-run step by 1 / (1 - m)
+# (x10 at 0.9), so its rates are the rate grid times (1 - m): shifted down by 10 at 0.9.
+# ESync's momentum is its outer step's (--aggregations): that is its point of the grid.
+DEFAULT_MOMENTUM_GRID = "0,0.9"
+# --fast-devices auto: the devices within this factor of the fastest (x1 and x1.5 of 1,1.5,4,8;
+# the two x1 of 1,1,4,8): the ones a user without ESync would train on, leaving the rest idle.
+FAST_RATIO = 2.0
+HOROVOD_ROWS = ("auto", "on", "off")
 
 _target = bounded_number(float, low=0, strict=True, high=1, must="a number in (0, 1]")
 
@@ -342,13 +358,14 @@ def parse_aggregations(text: str, flag: str = "--aggregations") -> list[Aggregat
             value = _float_or_none(match.group(2)) if match else None
             if value is None or value < 0 or (match.group(1) in ("gl", "share", "round")
                                               and value == 0) \
+                    or (match.group(1) in ("nesterov", "momentum", "adam") and value >= 1) \
                     or (match.group(1) == "share" and value > 1) \
                     or (match.group(1) == "lowrank" and (value < 1 or value != int(value))):
                 raise UsageError(f"argument {flag}: {extra!r} in {item!r} is not "
                                  "nesterov=M, momentum=M, adam=M, gl=G, share=S (0 < S <= 1), "
                                  "round=T (seconds), prox=MU, lowrank=R, overlap, scaffold, "
-                                 "fp16, accumulate, carry or carryall, with numbers M, "
-                                 "MU >= 0, G, T > 0 and a whole R >= 1")
+                                 "fp16, accumulate, carry or carryall, with a momentum M in "
+                                 "[0, 1) (0.9 is usual), MU >= 0, G, T > 0 and a whole R >= 1")
             if match.group(1) == "gl":
                 fields["global_lr"] = value
             elif match.group(1) == "share":
@@ -409,12 +426,14 @@ def build_parser() -> argparse.ArgumentParser:
                                  "rates, two network settings, a fixed and a shifting cluster), "
                                  "several times, and write one report: medians and min–max "
                                  "ranges, speedups from medians, the ESync paper's Table 1.",
-                     epilog="The default is sized to fit in 100 minutes on 2 cores (about 88 "
-                            "min): 3 repeats of 40 s runs, 10 s tuning runs once per row on "
-                            "loopback (the rate reused on shaped links, in the shifting "
-                            "scenario and in every repeat), ESync rows weighted+Nesterov and "
-                            "mean (fednova: --aggregations), by-class rows on loopback only, "
-                            "SSGD's Table 1 runs capped at 2.5 budgets. The plan and its time "
+                     epilog="The default is sized to fit in 100 minutes on 2 cores (about 89 "
+                            "min): 3 repeats of 40 s runs, 10 s tuning runs once per row and "
+                            "momentum on loopback (the pair reused on shaped links, in the "
+                            "shifting scenario and in every repeat), the ESync rows of "
+                            "--aggregations, SSGD and ASGD on the fast devices alone and "
+                            "Horovod's SSGD beside the other modes, i.i.d. data only (by-class "
+                            "rows: --data both), SSGD's Table 1 runs capped at 2.5 budgets. "
+                            "The plan and its time "
                             "estimate are printed at the start; --dry-run prints them only. "
                             "See docs/BENCHMARK.md.")
     c = parser.add_argument_group("cluster (the same for every mode)")
@@ -474,7 +493,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(-s 1: the original's class order, nearly single-class batches); "
                         "by-class-shuffled (-s 2: the same shards, shuffled inside). The "
                         "by-class ones run the cluster modes only, in the first network "
-                        "setting, each row tuned on its own. both (default): iid,by-class")
+                        "setting, each row tuned on its own. both: iid,by-class. Default: iid "
+                        "(by-class rows no longer fit the default's 100 minutes)")
     r.add_argument("--niid", action=argparse.BooleanOptionalAction, default=None,
                    help="--niid is --data both, --no-niid is --data iid")
     r.add_argument("--repeats", type=positive_int, default=DEFAULT_REPEATS,
@@ -519,6 +539,27 @@ def build_parser() -> argparse.ArgumentParser:
                         "0.001, ASGD and DC-ASGD 0.0003), same (--tune-lr's), or one list for "
                         "every row: class-ordered shards learn at lower rates, and the i.i.d. "
                         "grid left ESync at chance at every value")
+    r.add_argument("--tune-momentum", default=DEFAULT_MOMENTUM_GRID,
+                   help="the grid's momentum axis for every row but ESync's (main.py "
+                        "--momentum; comma-separated, each in [0, 1)): each row is tuned over "
+                        "every pair of a momentum m and a rate of the rate grid times (1 - m) "
+                        "(0.9: the rates shifted down by 10), and runs with its best pair; "
+                        "ESync's outer step (--aggregations) is its point of the grid. 0: "
+                        "plain SGD only, as the original")
+    r.add_argument("--tune-nesterov", action="store_true",
+                   help="the momentum of --tune-momentum in Nesterov's form (main.py "
+                        "--nesterov); default heavy-ball")
+    r.add_argument("--fast-devices", default="auto",
+                   help="rows of the alternative a user without ESync picks: SSGD and ASGD "
+                        "(and Horovod's SSGD) on these devices alone, the rest left idle, each "
+                        "under its cap in the cluster: device indices or names (0,1 or "
+                        f"cpu0,cpu1); auto: those within {FAST_RATIO:g}x of the fastest (none "
+                        "on a cluster of equal devices); none: no such rows")
+    r.add_argument("--horovod", choices=HOROVOD_ROWS, default="auto",
+                   help="rows of Horovod's SSGD (sync over its ring allreduce, tuned with "
+                        "SSGD's pair) on the whole cluster and on the fast devices: auto "
+                        "(default) where Horovod is installed, else left out with a notice; "
+                        "on: refuse to start without it")
     r.add_argument("--tune-budget", type=positive_float, default=DEFAULT_TUNE_BUDGET,
                    help="training seconds of each tuning run")
     r.add_argument("--byclass-budget", type=positive_float, default=None,
@@ -618,6 +659,9 @@ def parse_args(argv) -> argparse.Namespace:
         raise UsageError(f"data folder {folder} lacks {', '.join(missing)}: run "
                          f"`python scripts/prepare_data.py --data-dir {args.data_dir}`")
     check_launcher_support(args)
+    args.momentum_grid = parse_momentum_grid(args.tune_momentum)
+    args.fast_list = parse_fast_devices(args.fast_devices, args.slowdowns)
+    resolve_horovod(args)
     if args.out is None:
         args.out = str(Path("reports") / f"benchmark-{datetime.now():%Y%m%d-%H%M%S}")
     out = Path(args.out)
@@ -646,7 +690,7 @@ def resolve_data(args) -> None:
     if args.data and from_niid and args.data != from_niid:
         raise UsageError(f"argument --data: {args.data} contradicts "
                          f"{'--niid' if args.niid else '--no-niid'}; give one of them")
-    text = args.data or from_niid or "both"
+    text = args.data or from_niid or DEFAULT_DATA
     names = [n.strip() for n in DATA_ALIASES.get(text, text).split(",") if n.strip()]
     unknown = [n for n in names if n not in DATA_SPLITS]
     if unknown or not names:
@@ -802,6 +846,7 @@ def canonical_command(args) -> str:
             *(["--no-cpu-pinning"] if args.no_cpu_pinning else [])]
     if args.cpu_share is not None:
         argv += ["--cpu-share", f"{args.cpu_share:g}"]
+    argv += alternatives_argv(args)
     argv += ["--out", str(args.out)]
     if args.hosts:
         argv += ["--hosts", args.hosts]
@@ -819,3 +864,94 @@ def sync_cap(args) -> float:
 
 def _aggregation_text(a: Aggregation) -> str:
     return a.text
+
+
+# ----------------------------------------------------------------------------- fair alternatives
+
+def parse_momentum_grid(text: str) -> list[float]:
+    """``--tune-momentum``: ``"0,0.9"`` -> ``[0.0, 0.9]`` (sorted, distinct), each in [0, 1)."""
+    try:
+        values = sorted({float(t) for t in text.split(",") if t.strip()})
+    except ValueError:
+        raise UsageError(f"argument --tune-momentum: {text!r} is not a comma-separated list of "
+                         "momenta, e.g. 0,0.9") from None
+    bad = [v for v in values if not (0 <= v < 1)]
+    if not values or bad:
+        raise UsageError(f"argument --tune-momentum: {text!r}: every momentum must be in "
+                         "[0, 1) (0: plain SGD; 0.9 is usual; 1 or more never settles), e.g. "
+                         "0,0.9")
+    return values
+
+
+def momentum_rates(rates: list[float], momentum: float) -> list[float]:
+    """A momentum's rates: the rate grid times (1 - m), since momentum m multiplies the
+    long-run step by 1 / (1 - m) (0.9: every rate / 10)."""
+    if not momentum:
+        return list(rates)
+    return [float(f"{v * (1 - momentum):.3g}") for v in rates]
+
+
+def parse_fast_devices(text: str, slowdowns: list[float]) -> list[int]:
+    """``--fast-devices``: the indices of the devices the fast-alone rows run on; ``[]`` for
+    none (``none``, or ``auto`` on a cluster whose devices are all within ``FAST_RATIO``)."""
+    names = [f"cpu{i}" for i in range(len(slowdowns))]
+    word = text.strip().lower()
+    if word == "none":
+        return []
+    if word == "auto":
+        fastest = min(slowdowns)
+        fast = [i for i, f in enumerate(slowdowns) if f <= FAST_RATIO * fastest]
+        return fast if len(fast) < len(slowdowns) else []
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    found, unknown = [], []
+    for item in items:
+        index = int(item) if item.isdigit() else (names.index(item) if item in names else None)
+        if index is None or index >= len(names):
+            unknown.append(item)
+        elif index not in found:
+            found.append(index)
+    every = f"{names[0]}-{names[-1]}" if len(names) > 1 else names[0]
+    if not items or unknown:
+        what = (f"{', '.join(map(repr, unknown))} names no device" if unknown
+                else f"{text!r} names no device")
+        raise UsageError(f"argument --fast-devices: {what} of this cluster ({every}, from "
+                         f"--workers {len(names)}); give indices or names such as 0,1 or "
+                         "cpu0,cpu1, or auto, or none")
+    if len(found) == len(names):
+        raise UsageError(f"argument --fast-devices: {text!r} names every device, which is the "
+                         "whole cluster's row already; leave the slow ones out (e.g. "
+                         f"{names[0]}), or give none")
+    return sorted(found)
+
+
+def resolve_horovod(args) -> None:
+    """``args.horovod_rows``: whether the Horovod SSGD rows run; ``args.horovod_notice`` says
+    why they were left out under ``auto``."""
+    args.horovod_notice = None
+    args.horovod_rows = False
+    if args.horovod == "off" or "sync" not in args.mode_list or 0 not in args.splits:
+        return
+    from esync.common.collectives import horovod_missing
+    why = horovod_missing()
+    if why is None and "--collective" not in launcher_flags():
+        why = "this checkout's esync-cluster has no --collective option"
+    if why and args.horovod == "on":
+        raise UsageError(f"argument --horovod on: {why}; or give --horovod off")
+    if why:
+        args.horovod_notice = f"Horovod rows left out: {why}"
+        return
+    args.horovod_rows = True
+
+
+def describe_fast_devices(args) -> str:
+    """The fast devices in words: ``cpu0, cpu1 (x1, x1)``."""
+    return (", ".join(f"cpu{i}" for i in args.fast_list) + " ("
+            + ", ".join(f"×{args.slowdowns[i]:g}" for i in args.fast_list) + ")")
+
+
+def alternatives_argv(args) -> list[str]:
+    """The canonical command's part for the grid's momentum axis and the alternatives' rows."""
+    fast = ",".join(map(str, args.fast_list)) if args.fast_list else "none"
+    return ["--tune-momentum", ",".join(f"{m:g}" for m in args.momentum_grid),
+            *(["--tune-nesterov"] if args.tune_nesterov else []),
+            "--fast-devices", fast, "--horovod", "on" if args.horovod_rows else "off"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from esync.benchmark import options, own_machines
@@ -56,6 +56,14 @@ class Row:
     extra: tuple[str, ...] = ()   # launcher flags of the variant (--aggregation, --policy ...)
     group: str = ""           # tuning group: rows of one group share a learning rate
     scenario: str = "static"  # static | shifting: which settings the row runs in
+    momentum: float = 0.0     # main.py --momentum (every mode but ESync; from the tuning)
+    chooses_for: str = ""     # a momentum's tuning group: the row group it is a candidate of
+    devices: tuple[int, ...] = ()   # the cluster's devices it runs on (empty: all of them)
+
+    @property
+    def choice_group(self) -> str:
+        """The row group whose (rate, momentum) pair this tuning group competes for."""
+        return self.chooses_for or self.group
 
     @property
     def lr_flag(self) -> str:
@@ -150,6 +158,8 @@ def rows(args) -> list[Row]:
                                      extra=tuple(extra) + (() if collective == "ps" else
                                                            ("--collective", collective)),
                                      group=group))
+        if not split_value:
+            found += alternative_rows(args, found)
     if SHIFTING in scenarios:
         found += shifting_rows(args)
     return found
@@ -164,6 +174,60 @@ def _collectives(args, mode: modes.Mode) -> list[str]:
     wanted = getattr(args, "collective_list", ["ps"])
     found = [c for c in wanted if c in mode.collectives]
     return found or ["ps"]
+
+
+FAST_SUFFIX = "-fast"         # a row on the fast devices alone
+FAST_MODES = ("sync", "async")   # the modes a user without ESync runs on the fast devices
+
+
+def alternative_rows(args, found: list[Row]) -> list[Row]:
+    """The i.i.d. rows of what a user without ESync would run: SSGD and ASGD on the fast
+    devices alone (``--fast-devices``; each its own tuning group, as fewer devices sum a
+    smaller gradient), and Horovod's SSGD (``--horovod``) on the whole cluster and on the fast
+    devices, tuned with SSGD's ps row of the same devices (it computes what that row does)."""
+    fast = tuple(getattr(args, "fast_list", ()))
+    names = {row.name for row in found}
+    more = []
+    devices = ", ".join(f"cpu{i}" for i in fast)
+    for name in (m for m in FAST_MODES if m in args.mode_list and fast):
+        mode = modes.get(name)
+        more.append(Row(name=name + FAST_SUFFIX, label=f"{mode.label}, fast devices alone "
+                        f"({devices})", mode=name, split=0, group=name + FAST_SUFFIX,
+                        devices=fast))
+    if getattr(args, "horovod_rows", False):
+        horovod = ("--collective", "allreduce")
+        label = modes.get(modes.BASELINE).label + COLLECTIVE_LABELS["allreduce"]
+        whole = modes.BASELINE + "-allreduce"
+        if whole not in names:
+            more.append(Row(name=whole, label=label, mode=modes.BASELINE, split=0,
+                            extra=horovod, group=modes.BASELINE))
+        if fast:
+            more.append(Row(name=whole + FAST_SUFFIX, label=f"{label}, fast devices alone "
+                            f"({devices})", mode=modes.BASELINE, split=0, extra=horovod,
+                            group=modes.BASELINE + FAST_SUFFIX, devices=fast))
+    return more
+
+
+def tuning_rows(args, all_rows: list[Row]) -> list[Row]:
+    """Each tuning group's row, then (every mode but ESync, whose outer step is its point of
+    the grid) one more group per momentum of ``--tune-momentum`` above 0, competing for the
+    same row (``chooses_for``): ``sync`` is SGD's group, ``sync-momentum0.9`` its 0.9's."""
+    found = []
+    for row in _first_row_by_group(all_rows).values():
+        if row.mode == "esync":
+            found.append(row)
+            continue
+        for momentum in getattr(args, "momentum_grid", [0.0]):
+            found.append(row if not momentum else replace(
+                row, group=momentum_group(row.group, momentum), momentum=momentum,
+                chooses_for=row.group))
+    return found
+
+
+def momentum_group(group: str, momentum: float) -> str:
+    """The tuning group of a row group's runs with ``momentum``."""
+    base, split = modes.parse_folder(group)
+    return f"{base}-momentum{momentum:g}{split.suffix}"
 
 
 def shifting_rows(args) -> list[Row]:
@@ -250,7 +314,7 @@ def tuning_jobs(args, out: Path, all_rows: list[Row], setting: Setting = LOOPBAC
     if args.lr_grid is None:
         return []
     jobs = []
-    for row in _first_row_by_group(all_rows).values():
+    for row in tuning_rows(args, all_rows):
         for lr in lr_grid(args, row):
             root = out / TUNE_DIR / row.group / f"lr{lr:g}"
             jobs.append(_job(args, row, setting, 0, lr, root, tune_budget(args, row),
@@ -281,13 +345,15 @@ def widening_jobs(args, out: Path, all_rows: list[Row], tuning: dict) -> list[Jo
     cannot rank its rates yet."""
     if not args.lr_grid:
         return []
-    rows_by_group = _first_row_by_group(all_rows)
+    rows_by_group = _first_row_by_group(tuning_rows(args, all_rows))
+    winners = set(best_groups(tuning, rows_by_group).values())
     jobs = []
     for group, entry in tuning.items():
         tried = sorted({*entry["scores"], *(entry.get("short_scores") or {})})
         best = entry["lr"]
         row = rows_by_group.get(group)
-        if best is None or len(tried) < 2 or row is None or undecided(row, entry):
+        if best is None or len(tried) < 2 or row is None or undecided(row, entry) \
+                or group not in winners:
             continue
         grid = lr_grid(args, row)
         step = (grid[-1] / grid[0]) ** (1 / (len(grid) - 1)) if len(grid) > 1 else 3.0
@@ -336,7 +402,7 @@ def lengthening_jobs(args, out: Path, all_rows: list[Row], tuning: dict) -> list
     once."""
     if not tuning:
         return []
-    rows_by_group = _first_row_by_group(all_rows)
+    rows_by_group = _first_row_by_group(tuning_rows(args, all_rows))
     jobs = []
     for group, entry in tuning.items():
         row = rows_by_group.get(group)
@@ -376,20 +442,54 @@ def confirming_jobs(args, out: Path, all_rows: list[Row], tuning: dict) -> list[
     runs its best rates with ``STANDALONE_CONFIRMING_SEEDS`` more seeds (the next ones)."""
     if not tuning:
         return []
-    rows_by_group = _first_row_by_group(all_rows)
-    jobs = []
-    for group, entry in tuning.items():
+    rows_by_group = _first_row_by_group(tuning_rows(args, all_rows))
+    candidates: dict[str, list[tuple[float, int, float, str]]] = {}
+    for order, (group, entry) in enumerate(tuning.items()):
         if group not in rows_by_group:
             continue
-        known = sorted(((score, lr) for lr, score in entry["scores"].items()
-                        if score is not None), key=lambda pair: (-pair[0], pair[1]))
-        row = rows_by_group[group]
-        for _, lr in known[:confirmed_rates(row)]:
+        candidates.setdefault(rows_by_group[group].choice_group, []).extend(
+            (-score, order, lr, group) for lr, score in entry["scores"].items()
+            if score is not None)
+    jobs = []
+    for known in (k for k in candidates.values() if k):
+        how_many = confirmed_rates(rows_by_group[known[0][3]])
+        for _, _, lr, group in sorted(known)[:how_many]:
+            row = rows_by_group[group]
             for seed in confirming_seeds(args, row):
                 root, log = _tuning_paths(args, out, group, f"lr{lr:g}", seed)
                 jobs.append(_job(args, row, LOOPBACK, 0, lr, root, tune_budget(args, row), log,
                                  seed=seed))
     return jobs
+
+
+def best_groups(tuning: dict, rows_by_group: dict[str, Row]) -> dict[str, str]:
+    """``{row group: the tuning group of its best pair}``: of a row's momenta, the one whose
+    best rate scored highest (the first of ``--tune-momentum`` on a tie)."""
+    best: dict[str, tuple[float, str]] = {}
+    for group, entry in tuning.items():
+        row = rows_by_group.get(group)
+        if row is None or entry.get("lr") is None:
+            continue
+        score = entry["scores"].get(entry["lr"])
+        score = -1.0 if score is None else score
+        if row.choice_group not in best or score > best[row.choice_group][0]:
+            best[row.choice_group] = (score, group)
+    return {choice: group for choice, (_, group) in best.items()}
+
+
+def chosen_pairs(args, all_rows: list[Row], tuning: dict | None) -> dict[str, tuple]:
+    """Each row group's (learning rate, momentum): its best tuning group's best rate with that
+    group's momentum; -l/-ll and no momentum where nothing was tuned (or every run failed)."""
+    rows_by_group = _first_row_by_group(tuning_rows(args, all_rows))
+    winners = best_groups(tuning or {}, rows_by_group)
+    pairs = {}
+    for row in all_rows:
+        group = winners.get(row.group)
+        if group is None:
+            pairs.setdefault(row.group, (default_lr(args, row), 0.0))
+        else:
+            pairs.setdefault(row.group, (tuning[group]["lr"], rows_by_group[group].momentum))
+    return pairs
 
 
 def describe_seeds(jobs: list[Job]) -> str:
@@ -428,14 +528,14 @@ def planned_confirmations(args, out: Path, all_rows: list[Row]) -> list[Job]:
     rates they run is not known before, their number and budgets are."""
     if args.lr_grid is None:
         return []
-    rows_by_group = _first_row_by_group(all_rows)
+    rows_by_group = _first_row_by_group(tuning_rows(args, all_rows))
     return confirming_jobs(args, out, all_rows,
                            {g: {"scores": {lr: 0.0 for lr in lr_grid(args, row)}}
                             for g, row in rows_by_group.items()})
 
 
 def full_jobs(args, out: Path, all_rows: list[Row], all_settings: list[Setting],
-              lrs: dict[str, float]) -> list[Job]:
+              lrs: dict[str, float], momenta: dict[str, float] | None = None) -> list[Job]:
     """Per repeat (seed, seed + 1, ...; --same-seed: seed each time): every row in every setting of its scenario; standalone
     and by-class rows in the first network setting only. SSGD's i.i.d. runs of the static
     scenario go on past the budget until the target or --sync-cap-seconds (Table 1)."""
@@ -451,12 +551,21 @@ def full_jobs(args, out: Path, all_rows: list[Row], all_settings: list[Setting],
                     continue
                 root = out / setting.name / f"rep{rep}" / row.name
                 extended = (setting.scenario == "static" and row.mode == modes.BASELINE
-                            and not row.split and options.sync_cap(args) > args.budget)
+                            and not row.split and options.sync_cap(args) > args.budget
+                            and table1_row(row))
+                row = replace(row, momentum=(momenta or {}).get(row.group, 0.0))
                 jobs.append(_job(args, row, setting, rep, lrs[row.group], root,
                                  options.sync_cap(args) if extended else row_budget(args, row),
                                  out / RUNS_DIR / f"{setting.name}-rep{rep}-{row.name}.log",
                                  extended=extended))
     return jobs
+
+
+def table1_row(row: Row) -> bool:
+    """Whether an SSGD row is Table 1's, run past the budget to the target: the whole cluster's
+    over the parameter server (the fast-devices and Horovod rows are alternatives, compared
+    within the budget like the others)."""
+    return not row.devices and "--collective" not in row.extra
 
 
 def row_budget(args, row: Row) -> float:
@@ -467,7 +576,8 @@ def row_budget(args, row: Row) -> float:
 def lr_grid(args, row: Row) -> list[float]:
     """The learning rates a row is tuned over: --byclass-tune-lr's for a by-class row (its
     parser already resolved ``same`` to the i.i.d. grid), --tune-lr otherwise."""
-    return options.byclass_grid(args, row.mode) if row.split else args.lr_grid
+    rates = options.byclass_grid(args, row.mode) if row.split else args.lr_grid
+    return options.momentum_rates(rates, row.momentum)
 
 
 def tune_budget(args, row: Row) -> float:
@@ -503,7 +613,7 @@ def job_argv(args, row: Row, setting: Setting, lr: float, root: Path, budget: fl
     mode = modes.get(row.mode)
     common = ["-n", args.network, "-b", str(args.batch_size), row.lr_flag, f"{lr!r}",
               "-ld", str(root), "--seed", str(args.seed if seed is None else seed),
-              "-dd", str(args.data_dir)]
+              "-dd", str(args.data_dir), *momentum_argv(args, row)]
     if not mode.cluster:
         # The same training time as the cluster runs; the inline scoring of the test set is
         # not training time, so the budget is --max-train-seconds, not wall time.
@@ -516,6 +626,8 @@ def job_argv(args, row: Row, setting: Setting, lr: float, root: Path, budget: fl
     argv = [sys.executable, "-m", "esync.launch", "-m", mode.cli_mode]
     if mode.dcasgd:
         argv += ["-dcasgd", str(mode.dcasgd)]
+    if row.devices:
+        return argv + subset_argv(args, row, setting, common)
     machines = getattr(args, "machines", None)     # real devices: the backend places them
     placement = machines.launcher if machines else [
         "--workers", str(args.workers), "--slowdown", ",".join(f"{f:g}" for f in args.slowdowns)]
@@ -524,6 +636,52 @@ def job_argv(args, row: Row, setting: Setting, lr: float, root: Path, budget: fl
         argv += ["-s", str(row.split)]
     argv += list(getattr(args, "emulation_argv", []))
     return argv + [*setting.argv, "--quiet"]
+
+
+def momentum_argv(args, row: Row) -> list[str]:
+    """main.py's --momentum (and --nesterov under --tune-nesterov) of a row's pair; none for
+    plain SGD, so such a run's command is the original's."""
+    if not row.momentum:
+        return []
+    return ["--momentum", f"{row.momentum:g}", *(["--nesterov"] if getattr(
+        args, "tune_nesterov", False) else [])]
+
+
+def subset_argv(args, row: Row, setting: Setting, common: list[str]) -> list[str]:
+    """The launcher's flags of a row on some devices alone: their factors, and under CPU caps
+    the whole cluster's share for a x1 device (``--cpu-share``) with ``--emulation cpu-cap``
+    (under ``auto`` the launcher caps nothing when no device is slower than x1, and the fast
+    devices would compute on whole cores), so each device computes as fast as it does in the
+    cluster; a per-host --bandwidth list keeps those hosts' rates, and each device is a host of
+    its own (--hosts is the whole cluster's layout)."""
+    factors = [args.slowdowns[i] for i in row.devices]
+    emulation = list(getattr(args, "emulation_argv", []))
+    share = cluster_share(args)
+    if share is not None:
+        emulation[emulation.index("--emulation") + 1] = "cpu-cap"
+        if "--cpu-share" not in emulation:
+            emulation += ["--cpu-share", f"{share:g}"]
+    argv = ["--workers", str(len(factors)), "--slowdown", ",".join(f"{f:g}" for f in factors),
+            *common, "-e", CLUSTER_EVAL, *row.extra, *emulation]
+    shown = list(setting.argv)
+    if "--hosts" in shown:
+        at = shown.index("--hosts")
+        del shown[at:at + 2]
+    if "--bandwidth" in shown:
+        at = shown.index("--bandwidth") + 1
+        rates = shown[at].split(",")
+        if len(rates) == args.workers:
+            shown[at] = ",".join(rates[i] for i in row.devices)
+    return argv + [*shown, "--quiet"]
+
+
+def cluster_share(args) -> float | None:
+    """The cores a x1 device of the whole cluster computes with under CPU caps (None when
+    the runs sleep instead): what the fast-devices rows pass as --cpu-share."""
+    if not getattr(args, "launcher_emulation", False) or args.emulation == "sleep":
+        return None
+    from esync.emulation.shaping import x1_share
+    return x1_share(args)
 
 
 def child_env(job_or_mode) -> dict:

@@ -8,6 +8,7 @@ import json
 import math
 import os
 import platform
+import re
 import shlex
 import socket
 from datetime import datetime
@@ -18,9 +19,9 @@ from esync.benchmark import own_machines, pace, stats
 from esync.emulation.standalone_cap import describe as describe_emulation
 from esync.benchmark.metrics import TUNING_TOLERANCE
 from esync.benchmark.options import (SYNC_CAP_BUDGETS, canonical_command, describe_byclass_grid,
-                                     repeat_seeds, sync_cap)
-from esync.benchmark.plan import (CLUSTER_EVAL, CONFIRMED_RATES, LENGTHENED_RATES, SHIFTING,
-                                  STANDALONE_CONFIRMING_SEEDS, UNDECIDED_SCORE,
+                                     describe_fast_devices, repeat_seeds, sync_cap)
+from esync.benchmark.plan import (CLUSTER_EVAL, CONFIRMED_RATES, FAST_MODES, LENGTHENED_RATES,
+                                  SHIFTING, STANDALONE_CONFIRMING_SEEDS, UNDECIDED_SCORE,
                                   Job, Setting, display_argv, sync_target)
 from esync.benchmark.runs import tail
 from esync.emulation.shaping import rate_bit_s
@@ -113,6 +114,15 @@ def tuning_section(args, tuning: dict | None, rows, labels: dict) -> list[str]:
                + ("the grid " if args.byclass_lr_grid != "auto" else "")
                + f"{describe_byclass_grid(args)}"
                f" (`--byclass-tune-lr`), for {args.byclass_tune_budget:g} s")
+    momenta = getattr(args, "momentum_grid", [0.0])
+    L += ["**Rule: every row is the best of the same grid, on the same budget.** The grid is "
+          f"learning rate × momentum: momentum {', '.join(f'{m:g}' for m in momenta)} (`main.py "
+          f"--momentum`{', Nesterov' if getattr(args, 'tune_nesterov', False) else ''}), each "
+          "with the rates below times (1 − momentum) (momentum m multiplies the long-run step "
+          "by 1/(1 − m): 0.9 shifts the rates down by 10). ESync's outer step (its "
+          "aggregation's momentum and -gl) is its point of the momentum axis; its local rate "
+          "is tuned like every other row's. Each tuning group below is one row at one "
+          "momentum; the row runs with the pair of its best group.", ""]
     L += [f"Each row's learning rate (`-l`, or `-ll` for ESync: lr × the gradient summed over "
           f"the batch) is the best of the grid {', '.join(f'{v:g}' for v in args.lr_grid)}: one short "
           f"run ({args.tune_budget:g} s of training) per value, once per row (not per repeat), "
@@ -121,7 +131,8 @@ def tuning_section(args, tuning: dict | None, rows, labels: dict) -> list[str]:
           f"or the smallest rate within {TUNING_TOLERANCE:g} of it (one short run cannot tell "
           "them apart). A run's score is its mean test accuracy over the checkpoints of its "
           "second half (one checkpoint is one sample of a curve that moves). Each i.i.d. row's "
-          f"{CONFIRMED_RATES} best rates then ran again with seed {args.seed + 1}"
+          f"{CONFIRMED_RATES} best rates (of any momentum) then ran again with seed "
+          f"{args.seed + 1}"
           + (", one device alone's also with seed "
              + ", ".join(str(args.seed + i) for i in range(2, STANDALONE_CONFIRMING_SEEDS + 1))
              if any(modes.family(g) == modes.STANDALONE for g in tuning) else "")
@@ -153,14 +164,42 @@ def tuning_section(args, tuning: dict | None, rows, labels: dict) -> list[str]:
             cells.append(f"**{text}**" if v == entry["lr"] else text)
         chosen = "none (every run failed; default used)" if entry["lr"] is None \
             else f"{entry['lr']:g}"
-        L.append(f"| {row_label(group, labels)} | " + " | ".join(cells) + f" | {chosen} |")
+        L.append(f"| {group_label(group, labels)} | " + " | ".join(cells) + f" | {chosen} |")
     L.append("")
     for group, budget in lengthened.items():
-        L += [f"⁺ {row_label(group, labels)}: no rate's short run left chance (best score under "
-              f"{UNDECIDED_SCORE:g}; chance is 0.1), so its {LENGTHENED_RATES} best rates ran "
+        L += [f"⁺ {group_label(group, labels)}: no rate's short run left chance (best score "
+              f"under {UNDECIDED_SCORE:g}; chance is 0.1), so its {LENGTHENED_RATES} best rates ran "
               f"again for {budget:g} s, and those runs decided (their short runs' scores in "
               "parentheses).", ""]
     return L
+
+
+_MOMENTUM_PART = re.compile(r"-momentum([0-9.]+)")
+
+
+def group_label(group: str, labels: dict) -> str:
+    """A tuning group's label: its row's, with the momentum of a momentum group."""
+    match = _MOMENTUM_PART.search(group)
+    if match is None:
+        return row_label(group, labels)
+    row = group[:match.start()] + group[match.end():]
+    return f"{labels.get(row, row)}, momentum {match.group(1)} (`{group}`)"
+
+
+def pairs_section(jobs: list[Job], labels: dict) -> list[str]:
+    """Each row's chosen (learning rate, momentum), read from its full runs."""
+    first = {}
+    for job in jobs:
+        first.setdefault(job.row.name, job)
+    if not first:
+        return []
+    L = ["Each row's chosen pair (what its full runs ran):", "",
+         "| Row | Learning rate | Momentum |", "| --- | ---: | --- |"]
+    for name, job in first.items():
+        momentum = ("its outer step (the row's aggregation)" if job.row.mode == "esync"
+                    else f"{job.row.momentum:g}" if job.row.momentum else "0 (plain SGD)")
+        L.append(f"| {row_label(name, labels)} | {job.row.lr_flag} {job.lr:g} | {momentum} |")
+    return L + [""]
 
 
 def table1_section(args, results: dict, settings: list[Setting], labels: dict) -> list[str]:
@@ -521,7 +560,7 @@ def draw(args, results: dict, settings: list[Setting], labels: dict, out: Path) 
 
     from esync.analysis import compare
     folder = out / FIGURES_DIR
-    written = []
+    written = draw_lead(args, results, settings, labels, folder)
     for s in settings:
         res = results[s.name]
         if not any(res["runs"]):
@@ -532,7 +571,8 @@ def draw(args, results: dict, settings: list[Setting], labels: dict, out: Path) 
             if compare.draw_accuracy_bands(fig, _by_row(res["runs"], res["names"]), labels,
                                            title=title, target=args.target,
                                            xmax=figure_end(res["per_rep"], res["names"]),
-                                           marks={"device slows down": s.switch_s}):
+                                           marks={"device slows down": s.switch_s},
+                                           zoom=True):
                 written += compare.save(fig, folder, f"{args.network}-{s.name}-accuracy")
             continue
         for split in modes.SPLITS:
@@ -545,7 +585,8 @@ def draw(args, results: dict, settings: list[Setting], labels: dict, out: Path) 
                      f"{s.name}")
             if compare.draw_accuracy_bands(fig, _by_row(res["runs"], chosen), labels,
                                            title=title, target=args.target,
-                                           xmax=figure_end(res["per_rep"], chosen)):
+                                           xmax=figure_end(res["per_rep"], chosen),
+                                           zoom=True):
                 written += compare.save(fig, folder, f"{args.network}-{s.name}-accuracy"
                                                      f"{split.suffix or '-iid'}")
     static = _static(settings)
@@ -568,6 +609,88 @@ def draw(args, results: dict, settings: list[Setting], labels: dict, out: Path) 
     return written
 
 
+def alternatives_lines(args) -> list[str]:
+    """The Cluster section's lines on the alternatives' rows and on what the default trims."""
+    fast = getattr(args, "fast_list", [])
+    L = []
+    on_fast = [modes.get(m).label for m in FAST_MODES if m in args.mode_list]
+    on_fast += ["Horovod's SSGD"] * bool(getattr(args, "horovod_rows", False))
+    if fast and on_fast:
+        L.append(f"- the fast devices alone: {describe_fast_devices(args)}, the rest idle "
+                 "(`--fast-devices`), each under its cap in the cluster: rows "
+                 + " and ".join(on_fast) + " on them")
+    if getattr(args, "horovod_rows", False):
+        L.append("- Horovod's SSGD (`--collective allreduce`) on the whole cluster"
+                 + (" and on the fast devices" if fast else "") + ", with SSGD's pair")
+    elif getattr(args, "horovod_notice", None):
+        L.append(f"- {args.horovod_notice}")
+    if args.splits == [0]:
+        L.append("- no by-class rows (`--data both` adds them): the default leaves them out "
+                 "to fit 100 minutes on 2 cores with the momentum axis of the grid and the "
+                 "alternatives' rows (docs/BENCHMARK.md, \"Budget\")")
+    return L
+
+
+LEAD_STEM = "time-to-target"
+
+
+def lead_order(names: list[str]) -> list[str]:
+    """The lead picture's rows: ESync's first, then the alternatives in report order."""
+    return sorted(names, key=lambda n: modes.family(n) != "esync")
+
+
+def lead_times(args, results: dict, settings: list[Setting]) -> dict[str, dict]:
+    """``{row: {setting: (median, low, high) or None}}`` of the i.i.d. rows in the static
+    settings (one device alone in every one: it needs no network), a range's unreached end
+    drawn at the budget."""
+    static = _static(settings)
+    names = [n for s in static for n in results[s.name]["names"]
+             if modes.parse_folder(n)[1].value == 0]
+    found: dict[str, dict] = {}
+    for name in lead_order(list(dict.fromkeys(names))):
+        for s in static:
+            agg = results[s.name]["rows"].get(name)
+            t = agg.get("time") if agg and agg.get("ok") else None
+            if t is None or t.finite_median is None:
+                found.setdefault(name, {})[s.name] = None
+                continue
+            found.setdefault(name, {})[s.name] = (
+                t.finite_median, t.low, min(t.high, args.budget))
+    return found
+
+
+def draw_lead(args, results: dict, settings: list[Setting], labels: dict,
+              folder: Path) -> list[Path]:
+    """The picture the report leads with: every i.i.d. row's time to the target, ESync's and
+    the alternatives' side by side, one panel per network setting."""
+    from matplotlib.figure import Figure
+
+    from esync.analysis import compare
+    times = lead_times(args, results, settings)
+    fig = Figure(figsize=(5 + 3 * len(_static(settings)), 1.5 + 0.35 * max(1, len(times))))
+    if not compare.draw_time_to_target(fig, times, labels, target=args.target,
+                                       budget=args.budget,
+                                       title=f"Time to test accuracy {args.target:g} — "
+                                             f"{args.network}, every row at its best pair"):
+        return []
+    return compare.save(fig, folder, f"{args.network}-{LEAD_STEM}")
+
+
+def lead_section(args, written: list[Path], out: Path) -> list[str]:
+    """The report's first picture, with what it shows."""
+    png = next((p for p in written if p.suffix == ".png" and p.stem.endswith(LEAD_STEM)), None)
+    if png is None:
+        return []
+    rel = png.relative_to(out).as_posix()
+    return [f"![time to {args.target:g} per row]({rel})", "",
+            f"Time to test accuracy {args.target:.2f} per row: the bar is the median over the "
+            f"repeats, the whisker their min–max; no bar: the median run did not reach it in "
+            f"{args.budget:g} s. Every row ran with its best (learning rate, momentum) pair of "
+            "the same grid on the same budget (\"Learning rates\"); ESync's rows first, then "
+            "the alternatives a user would pick (the baselines on the whole cluster and, where "
+            "they ran, on the fast devices alone and over Horovod; one device alone).", ""]
+
+
 # ----------------------------------------------------------------------------- the report
 
 def render(args, *, jobs: list[Job], tune_jobs: list[Job], results: dict,
@@ -586,6 +709,7 @@ def render(args, *, jobs: list[Job], tune_jobs: list[Job], results: dict,
     seeds = ", ".join(map(str, repeat_seeds(args)))
     capped = emulation["counts"].get("cpu-cap", 0) > 0
     L = [f"# esync benchmark — {args.network}, {args.workers} workers ({slow})", ""]
+    L += lead_section(args, written, out)
     L += ["**Machine noise.** Every figure below comes from "
           + ("one run" if args.repeats == 1 else f"{args.repeats} runs (seeds {seeds}"
              + ("; the same data order and initial weights each time, so the ranges are the "
@@ -625,6 +749,7 @@ def render(args, *, jobs: list[Job], tune_jobs: list[Job], results: dict,
           + (f"; on by-class data {', '.join(a.label for a in args.byclass_aggregation_list)}"
              if any(args.splits) else "") + "); "
           f"state-server policy {args.policy}",
+          *alternatives_lines(args),
           "- standalone SGD (`local`): `main.py -m local` on one ×1 device, evaluated every "
           f"{args.local_eval_every} iterations; its budget is training time "
           "(`--max-train-seconds`: the inline scoring of the test set is left out, as the "
@@ -643,6 +768,7 @@ def render(args, *, jobs: list[Job], tune_jobs: list[Job], results: dict,
           "Every option spelled out (runs the same benchmark again; change `--out`):", "",
           "```", canonical_command(args), "```", ""]
     L += tuning_section(args, tuning, names, labels)
+    L += pairs_section(jobs, labels)
     L += table1_section(args, results, settings, labels)
     L += side_by_side(args, results, settings, names, labels)
     per_setting = {s.name: results[s.name]["per_rep"] for s in settings}
@@ -686,7 +812,8 @@ def render(args, *, jobs: list[Job], tune_jobs: list[Job], results: dict,
           "| --- | --- | ---: | ---: | ---: | ---: | --- | --- |"]
     for job in tune_jobs + jobs:
         status = "ok" if job.ok else f"failed: {job.error}"
-        L.append(f"| {job.tag} | {status} | {job.row.lr_flag} {job.lr:g} | {job.seed} | "
+        momentum = f", --momentum {job.row.momentum:g}" if job.row.momentum else ""
+        L.append(f"| {job.tag} | {status} | {job.row.lr_flag} {job.lr:g}{momentum} | {job.seed} | "
                  f"{job.budget:g} | {job.seconds:.0f} | "
                  f"`{job.folder.relative_to(out).as_posix()}` | "
                  f"[log]({job.log.relative_to(out).as_posix()}) |")
@@ -820,6 +947,8 @@ def write_outputs(args, text: str, *, jobs, tune_jobs, results, tuning, shaping,
                        "short_scores": {f"{k:g}": v
                                         for k, v in (e.get("short_scores") or {}).items()}}
                    for g, e in (tuning or {}).items()},
+        "chosen_pairs": {j.row.name: {"lr": j.lr, "momentum": j.row.momentum}
+                         for j in jobs if j.rep == 1},
         "settings": {name: {"scenario": res["scenario"], "physical_limit": res["limits"],
                             "rows": {n: res["per_rep"][n] for n in res["names"]},
                             "aggregates": _aggregates_json(res["rows"]),

@@ -118,6 +118,8 @@ def gap_args(args, gap: float | None) -> argparse.Namespace:
     copy.slowdown = factors_text(factors)
     copy.splits, copy.scenario_list, copy.net_list = [0], ["static"], ["loopback"]
     copy.sync_cap_seconds = args.budget       # every row within the budget: no Table 1 runs
+    # the sweep's own rows: its fast devices alone, no momentum axis, no Horovod rows
+    copy.momentum_grid, copy.fast_list, copy.horovod_rows = [0.0], [], False
     return copy
 
 
