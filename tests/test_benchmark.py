@@ -44,7 +44,7 @@ RATES_ONLY = ("--tune-momentum", "0", "--fast-devices", "none", "--horovod", "of
 
 
 def run_script(*args, timeout=900):
-    return subprocess.run([sys.executable, str(SCRIPT), *RATES_ONLY, *map(str, args)],
+    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args), *RATES_ONLY],
                           cwd=str(REPO), capture_output=True, text=True, timeout=timeout)
 
 
