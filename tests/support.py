@@ -214,3 +214,16 @@ def needs_netns(test):
     import pytest
     why = _why_no_netns()
     return pytest.mark.skipif(why is not None, reason=f"network namespaces unavailable: {why}")(test)
+
+
+class FakeClock:
+    """A clock the test moves by hand (the state server's rules read time through it)."""
+
+    def __init__(self, now: float = 1000.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds

@@ -2,20 +2,13 @@
 devices' rounds are bounded by their own time (JobState.decide with a fake clock)."""
 import pytest
 
+from support import FakeClock
+
 from esync.coordination.job import JobState
 from esync.coordination.rules import (BOUNDED_ROUND_ITERATIONS, RoundSizing, bounded_length,
                                       late_ranks, late_weight)
 
 
-class FakeClock:
-    def __init__(self, now: float = 1000.0):
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 FAST_C, SLOW_C = 0.1, 5.0          # one device 50x slower than the other

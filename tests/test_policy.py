@@ -6,20 +6,13 @@ import threading
 
 import pytest
 
+from support import FakeClock
+
 from esync.coordination.limits import AUTO, ERR_C, ERR_EPSILON, ERR_K, ERR_NUM_WORKERS, ERR_POLICY, ERR_RANK, ERR_ROUND, ERR_WRONG_POLICY_APPLY, ERR_WRONG_POLICY_PLAN, PolicyError, PolicyMismatch
 from esync.coordination.job import JobRegistry, JobState
 from esync.coordination.rules import plan_for, plan_round
 
 
-class FakeClock:
-    def __init__(self, now: float = 1000.0):
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 @pytest.fixture
