@@ -163,7 +163,8 @@ def test_a_row_runs_with_the_pair_of_its_best_momentum(data_dir, tmp_path, full_
                                                              0.001: 0.5}}}
     pairs = plan.chosen_pairs(args, rows, tuning)
     assert pairs == {"sync": (0.0003, 0.9), "async": (0.003, 0.0)}
-    lrs, momenta = benchmark.driver.chosen_rates(args, rows, tuning)
+    lrs = benchmark.driver.chosen_rates(args, rows, tuning)
+    momenta = benchmark.driver.chosen_momenta(args, rows, tuning)
     jobs = {j.name: j for j in plan.full_jobs(args, tmp_path, rows, plan.settings(args, None),
                                               lrs, momenta)}
     assert value_after(jobs["sync"].argv, "--momentum") == "0.9"
