@@ -121,7 +121,7 @@ class StateClient:
             fields["d"] = d                      # communication time of the last exchange
         answer = self._post("apply", fields)
         return Decision(bool(answer["ready"]), _seconds(answer, "budget"),
-                        _seconds(answer, "wait"), bool(answer.get("late", 0)))
+                        _seconds(answer, "wait"))
 
     def plan(self, rank: int, c: float, t: int | None = None) -> int:
         """Planned policy (one call per worker): local iterations to run in round ``t``."""
@@ -282,8 +282,7 @@ class ReadinessAsker:
       Without ``submit`` it waits, so that clock never starts after the iteration does.
     - ``k`` counts the iterations carried into the round (``--carry``): a worker that carried
       some asks before its first own iteration, and may be ready without one.
-    - ``wait`` keeps the last "ready"'s ``Decision.wait``: how long the slowest still computes;
-      ``late`` its ``Decision.late``: whether this worker runs late from its next round on.
+    - ``wait`` keeps the last "ready"'s ``Decision.wait``: how long the slowest still computes.
     - The lease runs from the answer's arrival: the server decided between the question and the
       answer, and under load most of a call is its wait in the server's queue, before the
       decision. The lease can thus end late by the answer's transit back (well under a
@@ -300,7 +299,6 @@ class ReadinessAsker:
         self.last_round_k = 1           # before round 1 nothing is known: ask at k = 0
         self.comm = None                # the last exchange's communication time, sent once
         self.wait = 0.0                 # the last "ready"'s Decision.wait: the slowest's rest
-        self.late = False               # ... and its Decision.late: the next round runs late
 
     def continue_local(self, k: int, last_c: float, t: int, *, timing=None) -> bool:
         """True: run another local iteration in round ``t`` (``k`` done, the last took
@@ -319,7 +317,6 @@ class ReadinessAsker:
         decision = self._timed(timing, self.call, *ask)
         if k > 0 and decision.ready:
             self.lease_ends, self.last_round_k, self.wait = 0.0, k, decision.wait
-            self.late = decision.late
             return False
         # Counted from the answer: the server computed the budget when it took the call, after
         # the call's wait in its queue (most of a call under load), not when it was sent.

@@ -42,8 +42,8 @@ from esync.coordination.limits import (
     MAX_WORKERS, OVERHEAD_SMOOTHING, PERSISTED_FIELDS, PLANS_KEPT, PolicyError, PolicyMismatch,
     check_epsilon, check_float, check_int, check_policy, check_sizing)
 from esync.coordination.rules import (
-    COMPUTE_ONLY, Decision, NOT_READY, READY, RoundSizing, bounded_length, late_ranks, plan_for,
-    plan_round, round_length, slack_of, slowest_rank, transfer_estimate)
+    COMPUTE_ONLY, Decision, NOT_READY, READY, RoundSizing, plan_for, plan_round, round_length,
+    slack_of, slowest_rank, transfer_estimate)
 
 # In the first round a fast device asks again after this share of the time it has computed so
 # far: the untimed device it waits for has computed at least as long, so the first exchange
@@ -120,13 +120,6 @@ class _Worker:
     requests: int = 0
     # Communication time of its last exchange (smoothed; None: never reported).
     comm: float | None = None
-    # Running late (``rules.late_ranks``): left out of the rounds' sizing. ``told_late``: what
-    # its last "ready" said, in force from round ``late_from`` on, the round after that
-    # "ready" (which ends with its push either way: a late push, or the push the others wait
-    # for), whether or not it has entered that round yet; ``late`` before then.
-    late: bool = False
-    told_late: bool = False
-    late_from: int = 0
 
 
 @dataclass(frozen=True)
@@ -152,7 +145,7 @@ class JobState:
                                        message=ERR_ROUND, field="round")
         self.name = name
         self.sizing = RoundSizing(*check_sizing(sizing.comm_share, sizing.max_round,
-                                                 sizing.overlap, sizing.late))
+                                                 sizing.overlap))
         self.run = 1                # which run of the job (the state server counts inits)
         self.storage_id = None      # the caller's key for this job in its storage
         self._clock = clock
@@ -207,15 +200,11 @@ class JobState:
             self._record_report(me, k, c, now)
             self._record_comm(me, d)
             self._dirty.add(rank)
-            if self._late_now(me):
-                # A late worker runs one iteration a round, asks after it and is never waited
-                # for: its stand-in takes part in the others' rounds meanwhile.
-                return self._become_ready(rank) if k > 0 else NOT_READY
             if me.round < self.current_round:
                 # Others have left this worker's round: with --overlap a worker goes on into
                 # the next round as soon as it has pushed. This one is the last of its round
                 # (everyone else waits for its push): ready after its iteration.
-                return self._become_ready(rank) if k > 0 else NOT_READY
+                return self._become_ready(me) if k > 0 else NOT_READY
             first_round = k > 0 and any(worker.c <= 0 for worker in self._workers)
             if first_round and not any(worker.ready for worker in self._workers):
                 # The first round: some device has not finished an iteration, so the slowest
@@ -236,14 +225,14 @@ class JobState:
                 # the server knows, as long as this one's iteration
                 untimed = rank == s and not slow.ready and any(
                     worker.c <= 0 for worker in self._workers)
-                return self._become_ready(rank, wait=c if untimed else 0.0)
+                return self._become_ready(me, wait=c if untimed else 0.0)
             if rank == s and (not in_round or k == 0):
                 return NOT_READY
             if rank == s and self._stretched is not None:
                 # A stretched round is its whole iterations: counted, not timed (each also
                 # costs it what lies outside its c: its batch, its question).
                 if k >= self._stretched.iterations:
-                    return self._become_ready(rank)
+                    return self._become_ready(me)
                 return Decision(False, (self._stretched.iterations - k + 0.5) * c)
             lease = length - self._slack(rank, s)
             if not in_round or not slow.started:
@@ -258,7 +247,7 @@ class JobState:
             if k == 0:
                 return Decision(False, max(0.0, budget))  # everyone computes at least once
             if c > budget:
-                return self._become_ready(rank, wait=max(0.0, remaining))
+                return self._become_ready(me, wait=max(0.0, remaining))
             return Decision(False, budget)                # one more iteration fits
 
     def plan(self, rank: int, c: float, t: int | None = None, d: float | None = None) -> int:
@@ -463,7 +452,6 @@ class JobState:
                     "seen_ago": None if w.seen is None else round(now - w.seen, 6),
                     "overhead": w.overhead, "planned_k": w.planned_k, "requests": w.requests,
                     "slack": self._slack(rank, s) if w.c > 0 else None, "comm": w.comm,
-                    **({"late": True} if self._late_now(w) else {}),
                 })
             return {"job": self.name, "policy": self.policy, "epsilon": self.epsilon,
                     "sizing": self.sizing.as_dict(), "round_length": self._round_length(),
@@ -532,33 +520,15 @@ class JobState:
             self._new_records.append(record)
         return record
 
-    def _become_ready(self, rank: int, *, wait: float = 0.0) -> Decision:
-        """Tell worker ``rank`` to aggregate (``wait``: what is left of the slowest's round,
-        which it will wait for). The first "ready" of a round must survive a restart (the worker
-        will not ask again: it is in the exchange, where the others need it), so it asks the
-        caller to persist before answering. The first "ready" also says whether the worker runs
-        late from its next round on (``rules.late_ranks``); a repeated one says it again."""
-        me = self._workers[rank]
+    def _become_ready(self, me: _Worker, *, wait: float = 0.0) -> Decision:
+        """Tell ``me`` to aggregate (``wait``: what is left of the slowest's round, which ``me``
+        will wait for). The first "ready" of a round must survive a restart (the worker will not
+        ask again: it is in the exchange, where the others need it), so it asks the caller to
+        persist before answering."""
         if not me.ready:
             me.ready = True
             self._round_changed = True
-            already = {r for r, worker in enumerate(self._workers) if self._late_now(worker)}
-            me.late = self._late_now(me)
-            # Never rank 0: it writes the checkpoints the evaluator scores, once per its round.
-            me.told_late = self._may_run_late and rank != 0 and rank in late_ranks(
-                [w.c for w in self._workers], already=already)
-            me.late_from = self.current_round + 1
-        if me.told_late:
-            return Decision(True, wait=wait, late=True)
         return Decision(True, wait=wait) if wait else READY
-
-    @property
-    def _may_run_late(self) -> bool:
-        return self.sizing.late and self.policy == "dynamic"
-
-    def _late_now(self, worker: _Worker) -> bool:
-        """Whether ``worker`` runs late in the current round (``_Worker.late_from``)."""
-        return worker.told_late if self.current_round >= worker.late_from else worker.late
 
     def _record_report(self, me: _Worker, k: int, c: float, now: float) -> None:
         me.requests += 1
@@ -585,16 +555,12 @@ class JobState:
             if self._stretched.round == self.current_round:
                 return self._stretched.length
             self._stretched = None
-        on_time = [worker.c for worker in self._workers if not self._late_now(worker)]
-        c_s = max(on_time)
+        c_s = max(worker.c for worker in self._workers)
         cost = transfer_estimate([w.comm for w in self._workers])
         overhead = 0.0
         if self.policy == "planned":
             overhead = max(w.overhead or 0.0 for w in self._workers)
         length = round_length(c_s, cost, self.sizing, overhead)
-        if len(on_time) < self.num_workers and c_s > 0:
-            # Someone runs late: the fast devices' time bounds the round.
-            length = max(length, bounded_length(on_time))
         if self.policy == "dynamic" and length > c_s > 0:
             # Every lease of the round and the slowest's own stop count against one T. Computed
             # afresh at each decision, T moved with every report's c and d (each worker sends
@@ -616,9 +582,8 @@ class JobState:
         return check_float(d, low=0.0, high=MAX_COMM, message=ERR_D, field="d")
 
     def _slowest(self) -> int:
-        """Rank with the largest c among the workers not running late (lowest rank on ties)."""
-        return slowest_rank([0.0 if self._late_now(worker) else worker.c
-                             for worker in self._workers])
+        """Rank with the largest c (lowest rank on ties)."""
+        return slowest_rank([worker.c for worker in self._workers])
 
     def _slack(self, rank: int, s: int) -> float:
         return slack_of(self.epsilon, c_i=self._workers[rank].c, num_workers=self.num_workers,

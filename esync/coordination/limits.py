@@ -44,7 +44,6 @@ ERR_COMM_SHARE = "comm_share must be a number in (0, 1]: the largest share of a 
                  "communication may take (1: rounds sized by compute alone)"
 ERR_MAX_ROUND = f"max_round must be a number of seconds in [0, {MAX_ROUND_SECONDS:g}] (0: no bound)"
 ERR_OVERLAP = "overlap must be true or false"
-ERR_LATE = "late must be true or false (whether the workers can run late)"
 ERR_D = (f"d (the worker's communication time of its last round) must be a number of seconds "
          f"in [0, {MAX_COMM:g}]")
 ERR_ROUND_D = ("d must be a list of num_workers ({num_workers}) numbers of seconds in [0, "
@@ -103,7 +102,7 @@ def check_policy(value) -> str:
     return value
 
 
-def check_sizing(comm_share, max_round, overlap, late=False) -> tuple[float, float, bool, bool]:
+def check_sizing(comm_share, max_round, overlap) -> tuple[float, float, bool]:
     """The round-sizing settings of a job (``esync.coordination.rules.round_length``)."""
     share = check_float(comm_share, low=0.0, high=1.0, message=ERR_COMM_SHARE, field="comm_share")
     if share <= 0:
@@ -112,6 +111,4 @@ def check_sizing(comm_share, max_round, overlap, late=False) -> tuple[float, flo
                         field="max_round")
     if not isinstance(overlap, bool):
         raise PolicyError(ERR_OVERLAP, "overlap")
-    if not isinstance(late, bool):
-        raise PolicyError(ERR_LATE, "late")
-    return share, bound, overlap, late
+    return share, bound, overlap

@@ -36,13 +36,6 @@ Two policies, chosen per job at ``init``:
     clock (``Decision.wait``, ``remaining`` above; 0 for the slowest itself and once it is
     ready): the time this worker would idle at the exchange, which ``--carry`` spends computing.
 
-    Late devices (``late_ranks``, on a job whose workers support them: ``RoundSizing.late``):
-    a device whose iteration exceeds 16 times the fastest device's is told so with its "ready"
-    (``Decision.late``); from the next round on it is left out of ``s`` and the rounds last
-    ``bounded_length`` (8 of the fastest device's iterations), while it computes and a stand-in
-    pushes for it (``esync.worker.algorithms.esync.late``); it is "ready" after each of its
-    iterations. Rank 0 never runs late (it writes the checkpoints the evaluator scores).
-
 ``planned`` (new: one request per worker per round)
     ``JobState.plan(rank, c)`` is called once at the start of a round and returns
     ``k_i = max(1, floor((c_s - slack_i) / c_i))`` from the latest known ``c`` of every worker;
@@ -163,12 +156,10 @@ class RoundSizing:
     comm_share: float = 1.0
     max_round: float = 0.0
     overlap: bool = False
-    late: bool = False       # the workers can run late (``late_ranks``): the rule may engage
 
     def as_dict(self) -> dict:
-        """The settings (``late`` only when on: a job without it reads as before it existed)."""
         return {"comm_share": self.comm_share, "max_round": self.max_round,
-                "overlap": self.overlap, **({"late": True} if self.late else {})}
+                "overlap": self.overlap}
 
 
 COMPUTE_ONLY = RoundSizing()
@@ -208,53 +199,6 @@ def round_length(c_s: float, comm: float, sizing: RoundSizing = COMPUTE_ONLY,
     if sizing.max_round > 0 and whole * c_s > sizing.max_round + 1e-9:
         whole = math.floor(sizing.max_round / c_s + 1e-9)
     return max(1, whole) * c_s
-
-
-# -- devices too slow to wait for: rounds bounded by the fast devices' time --------------------
-
-# A device runs late when its iteration takes more than LATE_RATIO times the fastest device's;
-# a round then lasts BOUNDED_ROUND_ITERATIONS of the fastest device's iterations (or the
-# slowest on-time device's iteration, if longer): the round of the default 1,1,4,8 cluster,
-# for which the outer step's settings were tuned.
-LATE_RATIO = 16.0
-STAY_LATE_RATIO = 8.0
-BOUNDED_ROUND_ITERATIONS = 8
-
-
-def late_ranks(durations, *, already=frozenset(), ratio: float = LATE_RATIO) -> set[int]:
-    """The devices not worth waiting for: those whose iteration ``c_i`` exceeds ``ratio``
-    times the fastest one's (``durations``: every device's latest c; 0: unknown, then none);
-    a device ``already`` late stays late down to ``STAY_LATE_RATIO`` times, so that one noisy
-    iteration of the fastest device (on a loaded host they vary 2-5x) does not flip it.
-
-    Why the ratio. Waiting for a device of ``c_i = G c_min`` makes every round last ``G`` of
-    the fastest device's iterations, for one iteration of its own: at G = 150 the two fast
-    devices of the 1,1,50,150 cluster compute 300 iterations per round, the slow pair 4 (1.3%
-    of the round's samples), and the model moves once every 12-15 s. Not waiting costs that
-    device's samples their freshness only: its delta arrives ``G / BOUNDED_ROUND_ITERATIONS``
-    rounds late and is scaled down by as much (``late_weight``). At a gap of 8 (1,1,4,8) the
-    slow devices hold 3/(8 + 8 + 2 + 1) = 16% of a round's samples, and rounds of 8 fast
-    iterations are already short: waiting is worth it, and a ratio of 16 (twice that gap, so
-    that timing noise near it never flips the decision) leaves that cluster as it was."""
-    known = [c for c in durations if c > 0]
-    if len(known) < len(durations) or not known:
-        return set()
-    fastest = min(known)
-    return {rank for rank, c in enumerate(durations)
-            if c > (STAY_LATE_RATIO if rank in already else ratio) * fastest}
-
-
-def bounded_length(on_time) -> float:
-    """A round's duration when some device runs late: the slowest on-time device's iteration,
-    at least ``BOUNDED_ROUND_ITERATIONS`` of the fastest's (``on_time``: their durations)."""
-    return max(max(on_time), BOUNDED_ROUND_ITERATIONS * min(on_time))
-
-
-def late_weight(rounds_missed: int) -> float:
-    """The factor of a late delta computed ``rounds_missed`` rounds before the round it joins:
-    ``1 / (1 + rounds_missed)``, the staleness-aware rule of asynchronous SGD (Zhang et al.,
-    "Staleness-aware Async-SGD", IJCAI 2016: the step divided by the staleness)."""
-    return 1.0 / (1 + max(0, rounds_missed))
 
 
 def transfer_estimate(comms) -> float:
@@ -307,15 +251,10 @@ class Decision:
     (its iteration's remainder, by the server's clock), which this worker will wait for at its
     exchange. 0: this worker is the slowest, or the slowest has already finished (while some
     worker has no duration yet, the apparent slowest gets its own ``c``: it may not be). A worker
-    with ``--carry`` computes through that wait.
-
-    ``late`` qualifies a "ready": from its next round on this worker runs late (``late_ranks``):
-    nobody waits for it, a stand-in takes part in the rounds that end while it computes, and
-    its delta joins the round in which it arrives."""
+    with ``--carry`` computes through that wait."""
     ready: bool
     budget: float = 0.0
     wait: float = 0.0
-    late: bool = False
 
 
 READY, NOT_READY = Decision(True), Decision(False)

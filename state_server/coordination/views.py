@@ -45,8 +45,7 @@ def init(request, fields, job=DEFAULT_JOB):
                                                         required=False),
                                  max_round=float_field(fields, "max_round", default=0.0,
                                                        required=False),
-                                 overlap=bool_field(fields, "overlap", default=False),
-                                 late=bool_field(fields, "late", default=False)))
+                                 overlap=bool_field(fields, "overlap", default=False)))
 
 
 @api("POST", changes_state=True)
@@ -63,7 +62,7 @@ def apply_answer(fields: dict, job: str) -> dict:
     _ignore_worker_timestamp(fields)
     decision = services.worker_apply(job=job, rank=rank, k=k, c=c, t=t, d=d)
     return {"ready": int(decision.ready), "budget": round(decision.budget, 6),
-            "wait": round(decision.wait, 6), **({"late": 1} if decision.late else {})}
+            "wait": round(decision.wait, 6)}
 
 
 @api("POST", changes_state=True)

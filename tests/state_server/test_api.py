@@ -307,22 +307,3 @@ def test_job_is_rebuilt_from_the_database_after_a_restart(client, job):
     rebuilt = state_of(client)
     assert answer.status_code == 200
     assert (rebuilt["round"], rebuilt["num_workers"], rebuilt["epsilon"]) == (3, 4, "auto")
-
-
-# -- late devices ----------------------------------------------------------------------------
-
-def _two_workers_one_50x_slower(client, *, late: bool):
-    post_json(client, job_url("init"), {"num_workers": 2, "late": late})
-    post_json(client, job_url("apply"), {"r": 0, "k": 1, "c": 0.1, "t": 1})
-    return post_json(client, job_url("apply"), {"r": 1, "k": 1, "c": 5.0, "t": 1}).json()
-
-
-def test_a_job_whose_workers_can_run_late_tells_the_slow_one_it_does(client):
-    answer = _two_workers_one_50x_slower(client, late=True)
-    assert answer["ready"] == 1 and answer["late"] == 1
-    assert state_of(client)["sizing"]["late"] is True
-
-
-def test_a_job_without_late_devices_answers_as_before(client):
-    answer = _two_workers_one_50x_slower(client, late=False)
-    assert answer["ready"] == 1 and "late" not in answer

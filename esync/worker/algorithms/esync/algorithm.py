@@ -9,7 +9,6 @@ from __future__ import annotations
 from esync.common import esync_parts
 from esync.worker.algorithms.base import Algorithm, datas
 from esync.worker.algorithms.esync.exchange import RoundExchange
-from esync.worker.algorithms.esync.late import LateRounds
 from esync.worker.algorithms.esync.local_rule import Accumulated, LocalSGD
 from esync.worker.algorithms.esync.outer import OuterStep
 from esync.worker.algorithms.esync.scaffold import ControlVariates
@@ -43,7 +42,6 @@ class ESync(Algorithm):
                                       rounds=self.rounds,
                                       outlives_round=schedule.exchange_outlives_round)
         self.schedule = schedule(self, self.exchange)
-        self.late = LateRounds(self, self.exchange, self.outer)
 
     def _wire(self, shapes, outlives_round: bool):
         cfg = self.config
@@ -97,12 +95,7 @@ class ESync(Algorithm):
         self.rounds.speed_changed(slowdown)
 
     def continue_local(self, k: int, last_c: float, record) -> bool:
-        """The round sizing's answer; a worker the state server told it runs late starts its
-        stand-in as its round's first iteration starts (``late``)."""
-        go_on = self.rounds.continue_local(k, self.exchange.carried_in, last_c, record)
-        if go_on and k == 0 and self.rounds.late:
-            self.late.begin(last_c)
-        return go_on
+        return self.rounds.continue_local(k, self.exchange.carried_in, last_c, record)
 
     def local_step(self, record) -> None:
         with record.phase("local update"):
@@ -122,7 +115,7 @@ class ESync(Algorithm):
                 "carried_iterations": ex.carried_in,
                 "exchange_wait": round(ex.round_waited, 6),
                 "aggregation_overhead": round(ex.last_overhead, 6),
-                **self.rounds.extras(), **self.late.extras()}
+                **self.rounds.extras()}
 
     def global_model(self) -> dict:
         """With overlap a worker trains on g + its own delta, with --carry on g + its carried

@@ -65,11 +65,10 @@ class RoundExchange:
         self.algorithm.dump("esync", self.worker.round_no, delta=deltas, k=self.steps)
         return deltas
 
-    def send(self, deltas, want_stop: bool, *, watch: bool = False, scale: float = 1.0):
-        """Start the exchange of this round's weighted deltas and batch-norm statistics
-        (``scale``: a late delta's staleness factor, ``late.LateRounds``)."""
+    def send(self, deltas, want_stop: bool, *, watch: bool = False):
+        """Start the exchange of this round's weighted deltas and batch-norm statistics."""
         w = self.worker
-        push = aggregate.push_weight(self.config.aggregation, self.steps) * scale
+        push = aggregate.push_weight(self.config.aggregation, self.steps)
         pushed, sums, keys = self.wire.first(deltas, push)
         extra, extra_sums, extra_keys = self.local.pushes(deltas, self.steps)
         # Pushed arrays become the keys' receive buffers (KVChannel.init): the batch-norm

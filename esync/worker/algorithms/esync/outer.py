@@ -7,8 +7,6 @@ rank computes alike from the same sums, and names them for checkpoints.
 """
 from __future__ import annotations
 
-import copy
-
 from mxnet import nd
 
 import esync.worker.algorithms.aggregate as aggregate
@@ -53,19 +51,6 @@ class OuterStep:
         if self.optimizer.scaled_state:
             for buffer in self.momentum:
                 self.optimizer.velocity_from(buffer, self.global_lr)
-
-    def copy_to(self, ctx) -> "OuterStep":
-        """A twin whose buffers are copies on ``ctx`` (a late device's stand-in moves a host
-        copy of the global model with it); ``load_from`` takes its buffers back."""
-        twin = copy.copy(self)
-        twin.momentum = [None if b is None else b.copyto(ctx) for b in self.momentum]
-        twin.variance = [None if v is None else v.copyto(ctx) for v in self.variance]
-        return twin
-
-    def load_from(self, twin: "OuterStep") -> None:
-        for mine, theirs in zip(self.momentum + self.variance, twin.momentum + twin.variance):
-            if mine is not None:
-                theirs.copyto(mine)
 
     def move(self, starts, sums, *, scale: float) -> None:
         """g <- g + gl * outer_step(scale * pulled sum), one parameter at a time (``sums`` may

@@ -76,8 +76,6 @@ class Blocking:
 
     def aggregate(self, record, want_stop: bool) -> bool:
         ex = self.exchange
-        if self.algorithm.late.active:
-            return self.algorithm.late.aggregate(record, want_stop)
         carry = self.may_carry(want_stop)
         carried = Carried(ex.weights if ex.local.moves_model else None)
         with record.phase("global update"):
@@ -136,7 +134,7 @@ class Carrying(Blocking):
                             > (ex.last_comm or 0.0)):
                 break
             if carried.count == 0 and self._carrying_as_slowest():
-                ex.rounds.begin_next_round(w.round_no + ex.rounds.rounds_behind + 1, w.round_c)
+                ex.rounds.begin_next_round(w.round_no + 1, w.round_c)
             carried.before_first_step()
             self.algorithm.local_iteration(record)
             carried.count += 1

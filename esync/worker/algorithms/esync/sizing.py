@@ -32,7 +32,6 @@ from concurrent.futures import ThreadPoolExecutor
 from esync.common.speeds import communication_threads
 from esync.coordination.client import ReadinessAsker, SpeedAnnouncer, StateClient
 from esync.coordination.rules import RoundSizing, planned_continue, planned_round_budget
-from esync.worker.algorithms.esync.late import can_run_late
 from esync.worker.algorithms.esync.reporter import PlanReporter
 
 
@@ -41,8 +40,6 @@ class RoundSizer:
 
     name = ""
     told_wait = 0.0          # the dynamic policy's last "ready": how long the slowest still computes
-    late = False             # ... and whether this worker runs late from its next round on
-    rounds_behind = 0        # the others' rounds this worker's stand-in took part in (late.py)
 
     def __init__(self, config, worker):
         self.config, self.worker = config, worker
@@ -103,8 +100,7 @@ class ServerRounds(RoundSizer):
         """Rank 0, before the KVStore barrier in init: no worker reports before the job exists."""
         cfg = self.config
         self.client.init(self.worker.num_workers, epsilon=cfg.epsilon, policy=cfg.policy,
-                         sizing=RoundSizing(cfg.comm_share, cfg.max_round_seconds, cfg.overlap,
-                                            late=can_run_late(cfg, self.worker.channel)))
+                         sizing=RoundSizing(cfg.comm_share, cfg.max_round_seconds, cfg.overlap))
 
     def announce(self, *, host: str, device: str, slowdown: float | None = None) -> None:
         """Before the training clock starts, in the training thread (as before the factor was
@@ -155,15 +151,10 @@ class DynamicRounds(ServerRounds):
     def told_wait(self) -> float:
         return self.asker.wait
 
-    @property
-    def late(self) -> bool:
-        return self.asker.late
-
     def continue_local(self, k: int, carried: int, last_c: float, record) -> bool:
         # Iterations carried into the round count: a worker may be ready without its own
         # (with --carry-slowest the slowest's round then ends as soon as it asks)
-        return self.asker.continue_local(k + carried, last_c,
-                                         self.worker.round_no + self.rounds_behind,
+        return self.asker.continue_local(k + carried, last_c, self.worker.round_no,
                                          timing=lambda: record.phase("check ready"))
 
     def begin_next_round(self, t: int, last_c: float) -> None:
