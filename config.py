@@ -48,6 +48,7 @@ max_round_seconds = 0.0   # --max-round-seconds: bound on a stretched round (0: 
 overlap = False           # --overlap: exchange round r while round r+1 computes
 carry = False             # --carry: devices that would wait iterate during the exchange, into the next round
 carry_slowest = False     # --carry-slowest: the slowest device carries too (dynamic policy)
+sit_out_ratio = 0.0       # --sit-out-ratio: a device this many times slower than the fastest sits out (0: all wait, as the original)
 comm_dtype = "float32"    # --comm-dtype: ESync's deltas on the wire (float16 halves the bytes)
 prox_mu = 0.0             # --prox-mu: FedProx's proximal coefficient for ESync's local steps
 scaffold = False          # --scaffold: SCAFFOLD's control variates for ESync's local steps

@@ -32,6 +32,12 @@ _comm_share = bounded_number(float, low=0, strict=True, high=1, must="a share in
 _beta2 = bounded_number(float, low=0, high=0.9999, must="a decay in [0, 0.9999]")
 _tau = bounded_number(float, low=0, strict=True, high=1, must="a number in (0, 1]")
 _round_bound = bounded_number(float, low=0, high=3600, must="seconds in [0, 3600]")
+_ratio = bounded_number(float, low=2, high=1e6, must="0 or a ratio in [2, 1e6], e.g. 16")
+
+
+def _sit_out_ratio(text):
+    """``--sit-out-ratio``: 0 (nobody sits out) or a ratio of at least 2."""
+    return 0.0 if text.strip() in ("0", "0.0") else _ratio(text)
 
 
 def _flag01(text):
@@ -276,6 +282,14 @@ def add_run_args(parser: argparse.ArgumentParser, *, one_worker: bool = True) ->
                         "its model of the round before, its next round's first question sent "
                         "as it starts): more computing, more iterations a round stale (measured "
                         "slower to the target: docs/results/)")
+    e.add_argument("--sit-out-ratio", type=_sit_out_ratio, default=config.sit_out_ratio,
+                   metavar="R",
+                   help="under --policy dynamic, a device whose iteration takes more than R "
+                        "times the fastest device's (measured in the first round) sits out: "
+                        "it computes nothing and pushes empty deltas, and the others' rounds "
+                        "last 8 of the fastest device's iterations instead of one of its own "
+                        "(0: every device is waited for, as the original; with --aggregation "
+                        "weighted and deltas in full, no --overlap, --scaffold or --accumulate)")
     e.add_argument("--comm-dtype", choices=COMM_DTYPES, default=config.comm_dtype,
                    help="type of the deltas on the wire: float16 halves every exchange's bytes "
                         "(the parameter server sums them in float16; the global model, the "

@@ -121,7 +121,7 @@ class StateClient:
             fields["d"] = d                      # communication time of the last exchange
         answer = self._post("apply", fields)
         return Decision(bool(answer["ready"]), _seconds(answer, "budget"),
-                        _seconds(answer, "wait"))
+                        _seconds(answer, "wait"), bool(answer.get("sit_out", 0)))
 
     def plan(self, rank: int, c: float, t: int | None = None) -> int:
         """Planned policy (one call per worker): local iterations to run in round ``t``."""
@@ -282,7 +282,9 @@ class ReadinessAsker:
       Without ``submit`` it waits, so that clock never starts after the iteration does.
     - ``k`` counts the iterations carried into the round (``--carry``): a worker that carried
       some asks before its first own iteration, and may be ready without one.
-    - ``wait`` keeps the last "ready"'s ``Decision.wait``: how long the slowest still computes.
+    - ``wait`` keeps the last "ready"'s ``Decision.wait``: how long the slowest still computes;
+      ``sitting_out`` its ``Decision.sit_out``: from the next round on this worker computes
+      nothing, and asks at k = 0 (waiting for the answer, which is "ready") in every round.
     - The lease runs from the answer's arrival: the server decided between the question and the
       answer, and under load most of a call is its wait in the server's queue, before the
       decision. The lease can thus end late by the answer's transit back (well under a
@@ -299,6 +301,7 @@ class ReadinessAsker:
         self.last_round_k = 1           # before round 1 nothing is known: ask at k = 0
         self.comm = None                # the last exchange's communication time, sent once
         self.wait = 0.0                 # the last "ready"'s Decision.wait: the slowest's rest
+        self.sitting_out = False        # ... and its Decision.sit_out
 
     def continue_local(self, k: int, last_c: float, t: int, *, timing=None) -> bool:
         """True: run another local iteration in round ``t`` (``k`` done, the last took
@@ -306,17 +309,18 @@ class ReadinessAsker:
         self._take_pending(timing)
         if k == 0:
             self.lease_ends = 0.0
-            if self.last_round_k > 1:
+            if self.last_round_k > 1 and not self.sitting_out:
                 return True
         elif self.clock() + last_c <= self.lease_ends:
             return True
         ask = self._question(k, last_c, t)
-        if k == 0 and self.submit is not None:
+        if k == 0 and self.submit is not None and not self.sitting_out:
             self.pending = self.submit(self._answered, *ask)
             return True
         decision = self._timed(timing, self.call, *ask)
-        if k > 0 and decision.ready:
+        if decision.ready and (k > 0 or self.sitting_out):
             self.lease_ends, self.last_round_k, self.wait = 0.0, k, decision.wait
+            self.sitting_out = decision.sit_out
             return False
         # Counted from the answer: the server computed the budget when it took the call, after
         # the call's wait in its queue (most of a call under load), not when it was sent.

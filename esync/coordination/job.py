@@ -42,8 +42,8 @@ from esync.coordination.limits import (
     MAX_WORKERS, OVERHEAD_SMOOTHING, PERSISTED_FIELDS, PLANS_KEPT, PolicyError, PolicyMismatch,
     check_epsilon, check_float, check_int, check_policy, check_sizing)
 from esync.coordination.rules import (
-    COMPUTE_ONLY, Decision, NOT_READY, READY, RoundSizing, plan_for, plan_round, round_length,
-    slack_of, slowest_rank, transfer_estimate)
+    COMPUTE_ONLY, Decision, NOT_READY, READY, RoundSizing, bounded_length, plan_for, plan_round,
+    round_length, sitting_out_ranks, slack_of, slowest_rank, transfer_estimate)
 
 # In the first round a fast device asks again after this share of the time it has computed so
 # far: the untimed device it waits for has computed at least as long, so the first exchange
@@ -120,6 +120,9 @@ class _Worker:
     requests: int = 0
     # Communication time of its last exchange (smoothed; None: never reported).
     comm: float | None = None
+    # The round from which it sits out (``rules.sitting_out_ranks``; 0: it takes part), told
+    # with its "ready" of the round before.
+    sit_out_from: int = 0
 
 
 @dataclass(frozen=True)
@@ -145,7 +148,7 @@ class JobState:
                                        message=ERR_ROUND, field="round")
         self.name = name
         self.sizing = RoundSizing(*check_sizing(sizing.comm_share, sizing.max_round,
-                                                 sizing.overlap))
+                                                 sizing.overlap, sizing.sit_out))
         self.run = 1                # which run of the job (the state server counts inits)
         self.storage_id = None      # the caller's key for this job in its storage
         self._clock = clock
@@ -197,6 +200,12 @@ class JobState:
                 # A fast worker's first call comes after its first k iterations: its round
                 # began about k * c ago (for the compute-versus-wait accounting).
                 self._enter(rank, t, now - k * c, durable=False)
+            if self._sits_out(me):
+                # It computes nothing: ready at once, and nobody waits for it (``_slowest``).
+                me.requests += 1
+                self._record_comm(me, d)
+                self._dirty.add(rank)
+                return self._become_ready(me, rank)
             self._record_report(me, k, c, now)
             self._record_comm(me, d)
             self._dirty.add(rank)
@@ -204,7 +213,7 @@ class JobState:
                 # Others have left this worker's round: with --overlap a worker goes on into
                 # the next round as soon as it has pushed. This one is the last of its round
                 # (everyone else waits for its push): ready after its iteration.
-                return self._become_ready(me) if k > 0 else NOT_READY
+                return self._become_ready(me, rank) if k > 0 else NOT_READY
             first_round = k > 0 and any(worker.c <= 0 for worker in self._workers)
             if first_round and not any(worker.ready for worker in self._workers):
                 # The first round: some device has not finished an iteration, so the slowest
@@ -225,14 +234,14 @@ class JobState:
                 # the server knows, as long as this one's iteration
                 untimed = rank == s and not slow.ready and any(
                     worker.c <= 0 for worker in self._workers)
-                return self._become_ready(me, wait=c if untimed else 0.0)
+                return self._become_ready(me, rank, wait=c if untimed else 0.0)
             if rank == s and (not in_round or k == 0):
                 return NOT_READY
             if rank == s and self._stretched is not None:
                 # A stretched round is its whole iterations: counted, not timed (each also
                 # costs it what lies outside its c: its batch, its question).
                 if k >= self._stretched.iterations:
-                    return self._become_ready(me)
+                    return self._become_ready(me, rank)
                 return Decision(False, (self._stretched.iterations - k + 0.5) * c)
             lease = length - self._slack(rank, s)
             if not in_round or not slow.started:
@@ -247,7 +256,7 @@ class JobState:
             if k == 0:
                 return Decision(False, max(0.0, budget))  # everyone computes at least once
             if c > budget:
-                return self._become_ready(me, wait=max(0.0, remaining))
+                return self._become_ready(me, rank, wait=max(0.0, remaining))
             return Decision(False, budget)                # one more iteration fits
 
     def plan(self, rank: int, c: float, t: int | None = None, d: float | None = None) -> int:
@@ -452,6 +461,7 @@ class JobState:
                     "seen_ago": None if w.seen is None else round(now - w.seen, 6),
                     "overhead": w.overhead, "planned_k": w.planned_k, "requests": w.requests,
                     "slack": self._slack(rank, s) if w.c > 0 else None, "comm": w.comm,
+                    **({"sits_out": True} if self._sits_out(w) else {}),
                 })
             return {"job": self.name, "policy": self.policy, "epsilon": self.epsilon,
                     "sizing": self.sizing.as_dict(), "round_length": self._round_length(),
@@ -520,15 +530,35 @@ class JobState:
             self._new_records.append(record)
         return record
 
-    def _become_ready(self, me: _Worker, *, wait: float = 0.0) -> Decision:
-        """Tell ``me`` to aggregate (``wait``: what is left of the slowest's round, which ``me``
-        will wait for). The first "ready" of a round must survive a restart (the worker will not
-        ask again: it is in the exchange, where the others need it), so it asks the caller to
-        persist before answering."""
+    def _become_ready(self, me: _Worker, rank: int, *, wait: float = 0.0) -> Decision:
+        """Tell ``me`` (worker ``rank``) to aggregate (``wait``: what is left of the slowest's
+        round, which ``me`` will wait for). The first "ready" of a round must survive a restart
+        (the worker will not ask again: it is in the exchange, where the others need it), so it
+        asks the caller to persist before answering. That first "ready" also decides, from
+        every device's latest c, whether ``me`` sits out from its next round on; every "ready"
+        after it says so again."""
         if not me.ready:
             me.ready = True
             self._round_changed = True
+            if (not me.sit_out_from and self.sizing.sit_out and self.policy == "dynamic"
+                    and rank in sitting_out_ranks([w.c for w in self._workers],
+                                                  self.sizing.sit_out)
+                    and self._others_take_part(rank)):
+                me.sit_out_from = me.round + 1
+        if me.sit_out_from:
+            return Decision(True, wait=wait, sit_out=True)
         return Decision(True, wait=wait) if wait else READY
+
+    def _sits_out(self, worker: _Worker) -> bool:
+        """Whether ``worker`` sits out the current round (``_Worker.sit_out_from``), counted by
+        the job's round: the others' next round must not wait for it to enter that round (its
+        exchange of the round before may still be under way)."""
+        return bool(worker.sit_out_from) and self.current_round >= worker.sit_out_from
+
+    def _others_take_part(self, rank: int) -> bool:
+        """Someone besides ``rank`` still computes (the fastest device never sits out, but two
+        devices of one speed could both be judged against a fastest that later sits out)."""
+        return any(not w.sit_out_from for r, w in enumerate(self._workers) if r != rank)
 
     def _record_report(self, me: _Worker, k: int, c: float, now: float) -> None:
         me.requests += 1
@@ -555,12 +585,15 @@ class JobState:
             if self._stretched.round == self.current_round:
                 return self._stretched.length
             self._stretched = None
-        c_s = max(worker.c for worker in self._workers)
+        on_time = [w.c for w in self._workers if not self._sits_out(w)]
+        c_s = max(on_time)
         cost = transfer_estimate([w.comm for w in self._workers])
         overhead = 0.0
         if self.policy == "planned":
             overhead = max(w.overhead or 0.0 for w in self._workers)
         length = round_length(c_s, cost, self.sizing, overhead)
+        if len(on_time) < self.num_workers and min(on_time) > 0:
+            length = max(length, bounded_length(on_time))   # someone sits out
         if self.policy == "dynamic" and length > c_s > 0:
             # Every lease of the round and the slowest's own stop count against one T. Computed
             # afresh at each decision, T moved with every report's c and d (each worker sends
@@ -582,8 +615,9 @@ class JobState:
         return check_float(d, low=0.0, high=MAX_COMM, message=ERR_D, field="d")
 
     def _slowest(self) -> int:
-        """Rank with the largest c (lowest rank on ties)."""
-        return slowest_rank([worker.c for worker in self._workers])
+        """Rank with the largest c among the workers that take part (lowest rank on ties)."""
+        return slowest_rank([0.0 if self._sits_out(worker) else worker.c
+                             for worker in self._workers])
 
     def _slack(self, rank: int, s: int) -> float:
         return slack_of(self.epsilon, c_i=self._workers[rank].c, num_workers=self.num_workers,

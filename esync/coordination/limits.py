@@ -44,6 +44,10 @@ ERR_COMM_SHARE = "comm_share must be a number in (0, 1]: the largest share of a 
                  "communication may take (1: rounds sized by compute alone)"
 ERR_MAX_ROUND = f"max_round must be a number of seconds in [0, {MAX_ROUND_SECONDS:g}] (0: no bound)"
 ERR_OVERLAP = "overlap must be true or false"
+MIN_SIT_OUT, MAX_SIT_OUT = 2.0, 1e6   # the ratios a job accepts for devices that sit out
+ERR_SIT_OUT = (f"sit_out must be 0 (every device is waited for) or a ratio in [{MIN_SIT_OUT:g}, "
+               f"{MAX_SIT_OUT:g}]: a device whose iteration exceeds that many of the fastest "
+               "device's sits out the rounds")
 ERR_D = (f"d (the worker's communication time of its last round) must be a number of seconds "
          f"in [0, {MAX_COMM:g}]")
 ERR_ROUND_D = ("d must be a list of num_workers ({num_workers}) numbers of seconds in [0, "
@@ -53,7 +57,7 @@ ERR_ROUND_O = ("o must be a list of num_workers ({num_workers}) numbers of secon
 PLANS_KEPT = 64             # answered plans remembered per job, to answer a repeated report
 
 PERSISTED_FIELDS = ("round", "k", "c", "ready", "planned_k", "overhead", "round_k",
-                    "round_compute")
+                    "round_compute", "sit_out_from")
 
 
 class PolicyError(ValueError):
@@ -102,7 +106,8 @@ def check_policy(value) -> str:
     return value
 
 
-def check_sizing(comm_share, max_round, overlap) -> tuple[float, float, bool]:
+def check_sizing(comm_share, max_round, overlap,
+                 sit_out=0.0) -> tuple[float, float, bool, float]:
     """The round-sizing settings of a job (``esync.coordination.rules.round_length``)."""
     share = check_float(comm_share, low=0.0, high=1.0, message=ERR_COMM_SHARE, field="comm_share")
     if share <= 0:
@@ -111,4 +116,8 @@ def check_sizing(comm_share, max_round, overlap) -> tuple[float, float, bool]:
                         field="max_round")
     if not isinstance(overlap, bool):
         raise PolicyError(ERR_OVERLAP, "overlap")
-    return share, bound, overlap
+    ratio = check_float(sit_out, low=0.0, high=MAX_SIT_OUT, message=ERR_SIT_OUT,
+                        field="sit_out")
+    if 0 < ratio < MIN_SIT_OUT:
+        raise PolicyError(ERR_SIT_OUT, "sit_out")
+    return share, bound, overlap, ratio

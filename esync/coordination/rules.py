@@ -36,6 +36,12 @@ Two policies, chosen per job at ``init``:
     clock (``Decision.wait``, ``remaining`` above; 0 for the slowest itself and once it is
     ready): the time this worker would idle at the exchange, which ``--carry`` spends computing.
 
+    Devices that sit out (``sitting_out_ranks``, on a job whose workers support it:
+    ``RoundSizing.sit_out``): when a round's first "ready" comes with every device timed, a
+    device whose iteration exceeds ``sit_out`` times the fastest's is told so with its "ready"
+    (``Decision.sit_out``). From its next round on it is left out of ``s``, is "ready" at once
+    (k = 0) in every round, and the rounds last ``bounded_length``; it never comes back.
+
 ``planned`` (new: one request per worker per round)
     ``JobState.plan(rank, c)`` is called once at the start of a round and returns
     ``k_i = max(1, floor((c_s - slack_i) / c_i))`` from the latest known ``c`` of every worker;
@@ -151,15 +157,19 @@ class RoundSizing:
 
     ``comm_share``: the largest share of a round communication may take (1: sized by compute
     alone, the original ESync); ``max_round``: bound on the round's duration in seconds (0: no
-    bound); ``overlap``: the workers exchange in the background while computing the next round.
+    bound); ``overlap``: the workers exchange in the background while computing the next round;
+    ``sit_out``: a device whose iteration exceeds this many of the fastest's sits out the rounds
+    (``sitting_out_ranks``; 0: every device is waited for, as the original).
     """
     comm_share: float = 1.0
     max_round: float = 0.0
     overlap: bool = False
+    sit_out: float = 0.0
 
     def as_dict(self) -> dict:
+        """The settings (``sit_out`` only when on: a job without it reads as before it existed)."""
         return {"comm_share": self.comm_share, "max_round": self.max_round,
-                "overlap": self.overlap}
+                "overlap": self.overlap, **({"sit_out": self.sit_out} if self.sit_out else {})}
 
 
 COMPUTE_ONLY = RoundSizing()
@@ -199,6 +209,37 @@ def round_length(c_s: float, comm: float, sizing: RoundSizing = COMPUTE_ONLY,
     if sizing.max_round > 0 and whole * c_s > sizing.max_round + 1e-9:
         whole = math.floor(sizing.max_round / c_s + 1e-9)
     return max(1, whole) * c_s
+
+
+# -- devices too slow to wait for ---------------------------------------------------------------
+
+# While some device sits out, a round lasts this many of the fastest device's iterations (or the
+# slowest remaining device's one, if longer): the rounds of the default 1,1,4,8 cluster, for
+# which the outer step's settings were tuned (docs/ALGORITHM.md, "Devices that sit out").
+BOUNDED_ROUND_ITERATIONS = 8
+
+
+def sitting_out_ranks(durations, ratio: float) -> set[int]:
+    """The devices not worth waiting for: those whose iteration ``c_i`` exceeds ``ratio``
+    times the fastest one's (``durations``: every device's latest c; 0: unknown, and then
+    nobody, since the slowest may be the untimed one; ``ratio`` 0: nobody).
+
+    Waiting for a device of ``c_i = G c_min`` makes every round last G of the fastest device's
+    iterations for one of its own: at G = 150 the fast devices' models drift apart for 150 local
+    steps between averages and the model moves once every 12-15 s here, while the slow device
+    adds well under 1% of the samples. Leaving it out costs that share of the samples and keeps
+    the rounds short."""
+    known = [c for c in durations if c > 0]
+    if ratio <= 0 or not known or len(known) < len(durations):
+        return set()
+    fastest = min(known)
+    return {rank for rank, c in enumerate(durations) if c > ratio * fastest}
+
+
+def bounded_length(on_time) -> float:
+    """A round's duration while some device sits out: the slowest remaining device's iteration,
+    at least ``BOUNDED_ROUND_ITERATIONS`` of the fastest's (``on_time``: their durations)."""
+    return max(max(on_time), BOUNDED_ROUND_ITERATIONS * min(on_time))
 
 
 def transfer_estimate(comms) -> float:
@@ -251,10 +292,15 @@ class Decision:
     (its iteration's remainder, by the server's clock), which this worker will wait for at its
     exchange. 0: this worker is the slowest, or the slowest has already finished (while some
     worker has no duration yet, the apparent slowest gets its own ``c``: it may not be). A worker
-    with ``--carry`` computes through that wait."""
+    with ``--carry`` computes through that wait.
+
+    ``sit_out`` qualifies a "ready": this worker sits out from its next round on
+    (``sitting_out_ranks``): it computes nothing, is "ready" at once in every round and pushes
+    an empty delta, which the weighted aggregation gives no weight."""
     ready: bool
     budget: float = 0.0
     wait: float = 0.0
+    sit_out: bool = False
 
 
 READY, NOT_READY = Decision(True), Decision(False)

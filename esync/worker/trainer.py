@@ -372,6 +372,7 @@ class TrainingLoop:
         total_samples = samples
         last_print = 0.0
         round_no = done_rounds
+        sat_out = False
         print(f"{self.prefix} training {args.network} in {args.mode} mode, "
               f"{w.num_workers} worker(s), slow-down x{args.slowdown:g}", flush=True)
         while True:
@@ -382,6 +383,15 @@ class TrainingLoop:
             pushed0, pulled0 = w.channel.counters() if w.channel else (0, 0)
             requests0 = self.algo.state_requests()
             k, last_c, loss = self._local_phase(record, last_c)
+            if self.algo.sitting_out and not sat_out:
+                sat_out = True
+                # What is left is the host's work (the exchange, the outer step): as on a real
+                # device it runs at the host's speed, not under the device's emulated cap.
+                leave_cpu_cap()
+                print(f"{self.prefix} sits out from round {round_no + 1}: its iteration "
+                      f"({last_c:.3g} s) is over {args.sit_out_ratio:g} times the fastest "
+                      "device's (--sit-out-ratio); it pushes empty deltas from now on",
+                      flush=True)
             self._warn_if_diverged(loss, round_no)
             w.round_k, w.round_c = k, last_c
             w.samples_this_round = record.num_samples

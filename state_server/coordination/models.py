@@ -72,6 +72,8 @@ class WorkerState(models.Model):
     overhead = models.FloatField(null=True)
     round_k = models.PositiveIntegerField(default=0)
     round_compute = models.FloatField(default=0.0)
+    sit_out_from = models.PositiveIntegerField(
+        default=0, help_text="the round from which the worker sits out (0: it takes part)")
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["job", "rank"],

@@ -139,7 +139,7 @@ def _write(job: JobState, changes: Changes) -> None:
         if changes.workers:
             cursor.executemany(_UPSERT_WORKER_STATE, [
                 (job_id, run, rank, w["round"], w["k"], w["c"], w["ready"], w["planned_k"],
-                 w["overhead"], w["round_k"], w["round_compute"])
+                 w["overhead"], w["round_k"], w["round_compute"], w["sit_out_from"])
                 for rank, w in changes.workers.items()])
         if changes.records:
             cursor.executemany(_UPSERT_WORKER_ROUND, [
@@ -155,11 +155,11 @@ _ADVANCE_JOB_ROUND = (
     "AND current_round < %s")
 _UPSERT_WORKER_STATE = (
     f"INSERT INTO {WorkerState._meta.db_table} (job_id, run, rank, round, k, c, ready, "
-    "planned_k, overhead, round_k, round_compute) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, "
-    "%s, %s) ON CONFLICT (job_id, rank) DO UPDATE SET run = excluded.run, round = excluded.round, "
-    "k = excluded.k, c = excluded.c, ready = excluded.ready, planned_k = excluded.planned_k, "
-    "overhead = excluded.overhead, round_k = excluded.round_k, "
-    "round_compute = excluded.round_compute")
+    "planned_k, overhead, round_k, round_compute, sit_out_from) VALUES (%s, %s, %s, %s, %s, %s, "
+    "%s, %s, %s, %s, %s, %s) ON CONFLICT (job_id, rank) DO UPDATE SET run = excluded.run, "
+    "round = excluded.round, k = excluded.k, c = excluded.c, ready = excluded.ready, "
+    "planned_k = excluded.planned_k, overhead = excluded.overhead, round_k = excluded.round_k, "
+    "round_compute = excluded.round_compute, sit_out_from = excluded.sit_out_from")
 _UPSERT_WORKER_ROUND = (
     f"INSERT INTO {WorkerRound._meta.db_table} (job_id, run, round, rank, k, c, compute, wait, "
     "recorded_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (job_id, run, round, "
@@ -227,7 +227,8 @@ def job_live(*, name: str) -> JobState:
     workers = {state.rank: {"round": state.round, "k": state.k, "c": state.c,
                             "ready": state.ready, "planned_k": state.planned_k,
                             "overhead": state.overhead, "round_k": state.round_k,
-                            "round_compute": state.round_compute}
+                            "round_compute": state.round_compute,
+                            "sit_out_from": state.sit_out_from}
                for state in WorkerState.objects.filter(job=row, run=row.run)}
     last = RoundReport.objects.filter(job=row, run=row.run).order_by("-round").first()
     rebuilt.restore(workers, last_report_t=last.round if last else 0,

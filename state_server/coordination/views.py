@@ -45,7 +45,9 @@ def init(request, fields, job=DEFAULT_JOB):
                                                         required=False),
                                  max_round=float_field(fields, "max_round", default=0.0,
                                                        required=False),
-                                 overlap=bool_field(fields, "overlap", default=False)))
+                                 overlap=bool_field(fields, "overlap", default=False),
+                                 sit_out=float_field(fields, "sit_out", default=0.0,
+                                                     required=False)))
 
 
 @api("POST", changes_state=True)
@@ -62,7 +64,7 @@ def apply_answer(fields: dict, job: str) -> dict:
     _ignore_worker_timestamp(fields)
     decision = services.worker_apply(job=job, rank=rank, k=k, c=c, t=t, d=d)
     return {"ready": int(decision.ready), "budget": round(decision.budget, 6),
-            "wait": round(decision.wait, 6)}
+            "wait": round(decision.wait, 6), **({"sit_out": 1} if decision.sit_out else {})}
 
 
 @api("POST", changes_state=True)

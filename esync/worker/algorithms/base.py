@@ -60,6 +60,7 @@ class AlgorithmConfig:
     overlap: bool = False                 # --overlap: exchange during the next round
     carry: bool = False                   # --carry: iterate during the exchange, into the next
     carry_slowest: bool = False           # --carry-slowest: the slowest device too
+    sit_out_ratio: float = 0.0            # --sit-out-ratio: slower than this sits out (0: never)
     comm_dtype: str = "float32"           # --comm-dtype: the deltas' type on the wire
     prox_mu: float = 0.0                  # --prox-mu: FedProx's proximal coefficient (0: none)
     scaffold: bool = False                # --scaffold: SCAFFOLD's control variates
@@ -87,6 +88,7 @@ class AlgorithmConfig:
                    overlap=bool(getattr(args, "overlap", False)),
                    carry=bool(getattr(args, "carry", False)),
                    carry_slowest=bool(getattr(args, "carry_slowest", False)),
+                   sit_out_ratio=getattr(args, "sit_out_ratio", 0.0) or 0.0,
                    comm_dtype=getattr(args, "comm_dtype", cls.comm_dtype),
                    prox_mu=getattr(args, "prox_mu", 0.0) or 0.0,
                    scaffold=bool(getattr(args, "scaffold", False)),
@@ -149,6 +151,8 @@ class Algorithm:
                                            # carries them (else only this worker's k is known)
     local_iteration = None     # set by the training loop: runs one more local iteration into a
                                # RoundRecord, returns its seconds (ESync's --carry)
+    sitting_out = False        # this worker computes nothing from its next round on (ESync's
+                               # --sit-out-ratio): the training loop leaves the device's CPU cap
 
     def __init__(self, worker: Worker):
         self.worker = worker

@@ -97,6 +97,10 @@ class ESync(Algorithm):
     def continue_local(self, k: int, last_c: float, record) -> bool:
         return self.rounds.continue_local(k, self.exchange.carried_in, last_c, record)
 
+    @property
+    def sitting_out(self) -> bool:
+        return self.rounds.sitting_out
+
     def local_step(self, record) -> None:
         with record.phase("local update"):
             self.local.step(self.worker.trainable, self.exchange.round_start,

@@ -107,7 +107,8 @@ class Carrying(Blocking):
         """Unless the round is the last or the local iterations are fixed: who carries is
         ``carries``."""
         cfg = self.config
-        if want_stop or cfg.local_iters or self.algorithm.local_iteration is None:
+        if (want_stop or cfg.local_iters or self.algorithm.local_iteration is None
+                or self.exchange.rounds.sitting_out):
             return False
         return carries(self.worker.round_k, slowest=self.exchange.was_slowest,
                        policy=cfg.policy, told_wait=self.exchange.rounds.told_wait,

@@ -35,11 +35,25 @@ from esync.coordination.rules import RoundSizing, planned_continue, planned_roun
 from esync.worker.algorithms.esync.reporter import PlanReporter
 
 
+def sit_out_ratio(config) -> float:
+    """``--sit-out-ratio`` where a device can sit out, else 0 (``rules.sitting_out_ranks``).
+
+    A device that sits out pushes an empty delta with k = 0 every round: only the weighted
+    aggregation gives it no weight, only deltas in full stay empty on the wire (rank-R factors
+    of a zero delta would be normalised by a zero norm), SCAFFOLD and --accumulate divide by k,
+    and --overlap sends a round's delta a round late."""
+    supported = (config.policy == "dynamic" and not config.local_iters
+                 and config.aggregation == "weighted" and not config.low_rank
+                 and not config.scaffold and not config.accumulate and not config.overlap)
+    return config.sit_out_ratio if supported else 0.0
+
+
 class RoundSizer:
     """The interface, with what a sizing without a state server does: nothing."""
 
     name = ""
     told_wait = 0.0          # the dynamic policy's last "ready": how long the slowest still computes
+    sitting_out = False      # ... and whether this worker sits out from its next round on
 
     def __init__(self, config, worker):
         self.config, self.worker = config, worker
@@ -100,7 +114,8 @@ class ServerRounds(RoundSizer):
         """Rank 0, before the KVStore barrier in init: no worker reports before the job exists."""
         cfg = self.config
         self.client.init(self.worker.num_workers, epsilon=cfg.epsilon, policy=cfg.policy,
-                         sizing=RoundSizing(cfg.comm_share, cfg.max_round_seconds, cfg.overlap))
+                         sizing=RoundSizing(cfg.comm_share, cfg.max_round_seconds, cfg.overlap,
+                                            sit_out=sit_out_ratio(cfg)))
 
     def announce(self, *, host: str, device: str, slowdown: float | None = None) -> None:
         """Before the training clock starts, in the training thread (as before the factor was
@@ -150,6 +165,10 @@ class DynamicRounds(ServerRounds):
     @property
     def told_wait(self) -> float:
         return self.asker.wait
+
+    @property
+    def sitting_out(self) -> bool:
+        return self.asker.sitting_out
 
     def continue_local(self, k: int, carried: int, last_c: float, record) -> bool:
         # Iterations carried into the round count: a worker may be ready without its own
