@@ -87,6 +87,24 @@ def test_without_the_rule_nobody_is_told_to_sit_out():
     assert not slow_ready.sit_out
 
 
+def test_a_device_timed_by_its_warm_up_sits_out_before_its_first_iteration():
+    clock = FakeClock()
+    job = JobState(num_workers=2, epsilon=0.0, policy="dynamic", clock=clock,
+                   sizing=RoundSizing(sit_out=RATIO))
+    job.decide(0, 0, FAST_C, t=1)                  # first questions: the warm-up's c
+    answer = job.decide(1, 0, SLOW_C, t=1)
+    assert answer.ready and answer.sit_out
+    # The fast device's round 1 ends after its bounded round, not after a x50 iteration.
+    assert _fast_iterations_until_ready(job, clock, t=1) == BOUNDED_ROUND_ITERATIONS
+
+
+def test_a_device_is_not_judged_at_k_0_while_another_is_untimed():
+    clock = FakeClock()
+    job = JobState(num_workers=2, epsilon=0.0, policy="dynamic", clock=clock,
+                   sizing=RoundSizing(sit_out=RATIO))
+    assert not job.decide(1, 0, SLOW_C, t=1).ready
+
+
 def test_a_device_that_sits_out_is_ready_at_once_in_every_later_round():
     job, clock, _ = _after_round_one()
     for t in (2, 3, 4):
@@ -179,12 +197,13 @@ def test_a_worker_told_to_sit_out_asks_at_k_0_and_computes_nothing():
 
 def test_a_worker_that_sits_out_waits_for_its_k_0_answer_instead_of_sending_it_ahead():
     sent = []
-    answers = _Answers(Decision(True, sit_out=True))
+    answers = _Answers(Decision(True, sit_out=True), Decision(True, sit_out=True))
     asker = ReadinessAsker(answers, 1, clock=FakeClock(),
-                           submit=lambda *call: sent.append(call))
-    asker.sitting_out = True
+                           submit=lambda *call: sent.append(call), may_sit_out=True)
+    assert not asker.continue_local(0, SLOW_C, 1)            # judged by its warm-up's c
+    assert asker.sitting_out
     assert not asker.continue_local(0, SLOW_C, 2)
-    assert sent == [] and answers.asked == [(0, 2)]
+    assert sent == [] and answers.asked == [(0, 1), (0, 2)]
 
 
 # -- on a real cluster ----------------------------------------------------------------------------
@@ -198,9 +217,9 @@ def test_a_device_50_times_slower_sits_out_after_the_first_round(tmp_path, fashi
     logs = device_logs(tmp_path / "lenet" / "esync")
     fast, slow = logs["cpu0"], logs["cpu1"]
     assert len(fast) == len(slow) == 12
-    assert slow[0]["k"] == 1                                   # timed in the first round
-    assert [r["k"] for r in slow[1:]] == [0] * 11              # then computes nothing
-    assert all(r["num_samples"] == 0 for r in slow[1:])
+    # Timed by its warm-up step (its first question carries it), it computes nothing at all.
+    assert [r["k"] for r in slow] == [0] * 12
+    assert all(r["num_samples"] == 0 for r in slow)
     # The fast device's rounds last 8 of its own iterations, not one iteration of the x50
     # device (about 50 of its own). Those it carried through the exchange before (a round's
     # "carried_iterations": into the next) count; its lease, counted in its last iteration's

@@ -285,6 +285,9 @@ class ReadinessAsker:
     - ``wait`` keeps the last "ready"'s ``Decision.wait``: how long the slowest still computes;
       ``sitting_out`` its ``Decision.sit_out``: from the next round on this worker computes
       nothing, and asks at k = 0 (waiting for the answer, which is "ready") in every round.
+      With ``may_sit_out`` (the job lets devices sit out) it also waits for its k = 0 answer
+      until its first "ready": the first question carries the warm-up step's duration, from
+      which the server may tell a very slow device to sit out before its first iteration.
     - The lease runs from the answer's arrival: the server decided between the question and the
       answer, and under load most of a call is its wait in the server's queue, before the
       decision. The lease can thus end late by the answer's transit back (well under a
@@ -292,7 +295,7 @@ class ReadinessAsker:
     """
 
     def __init__(self, client: StateClient, rank: int, *, clock=time.perf_counter, call=None,
-                 submit=None):
+                 submit=None, may_sit_out: bool = False):
         self.client, self.rank, self.clock = client, rank, clock
         self.call = call or (lambda fn, *args: fn(*args))   # how a question is sent
         self.submit = submit            # how a k = 0 question is sent without waiting (a future)
@@ -302,6 +305,8 @@ class ReadinessAsker:
         self.comm = None                # the last exchange's communication time, sent once
         self.wait = 0.0                 # the last "ready"'s Decision.wait: the slowest's rest
         self.sitting_out = False        # ... and its Decision.sit_out
+        # Before the first "ready" the k = 0 answer is awaited where the job lets devices sit out
+        self.was_ready = not may_sit_out
 
     def continue_local(self, k: int, last_c: float, t: int, *, timing=None) -> bool:
         """True: run another local iteration in round ``t`` (``k`` done, the last took
@@ -314,13 +319,13 @@ class ReadinessAsker:
         elif self.clock() + last_c <= self.lease_ends:
             return True
         ask = self._question(k, last_c, t)
-        if k == 0 and self.submit is not None and not self.sitting_out:
+        if k == 0 and self.submit is not None and not self.sitting_out and self.was_ready:
             self.pending = self.submit(self._answered, *ask)
             return True
         decision = self._timed(timing, self.call, *ask)
-        if decision.ready and (k > 0 or self.sitting_out):
+        if decision.ready and (k > 0 or decision.sit_out):
             self.lease_ends, self.last_round_k, self.wait = 0.0, k, decision.wait
-            self.sitting_out = decision.sit_out
+            self.sitting_out, self.was_ready = decision.sit_out, True
             return False
         # Counted from the answer: the server computed the budget when it took the call, after
         # the call's wait in its queue (most of a call under load), not when it was sent.

@@ -209,6 +209,11 @@ class JobState:
             self._record_report(me, k, c, now)
             self._record_comm(me, d)
             self._dirty.add(rank)
+            if k == 0 and self._judged_too_slow(rank):
+                # Timed before computing (a worker's first question carries its warm-up step's
+                # duration): it sits out this very round, without its first iteration.
+                me.sit_out_from = me.round
+                return self._become_ready(me, rank)
             if me.round < self.current_round:
                 # Others have left this worker's round: with --overlap a worker goes on into
                 # the next round as soon as it has pushed. This one is the last of its round
@@ -540,10 +545,7 @@ class JobState:
         if not me.ready:
             me.ready = True
             self._round_changed = True
-            if (not me.sit_out_from and self.sizing.sit_out and self.policy == "dynamic"
-                    and rank in sitting_out_ranks([w.c for w in self._workers],
-                                                  self.sizing.sit_out)
-                    and self._others_take_part(rank)):
+            if self._judged_too_slow(rank):
                 me.sit_out_from = me.round + 1
         if me.sit_out_from:
             return Decision(True, wait=wait, sit_out=True)
@@ -554,6 +556,14 @@ class JobState:
         the job's round: the others' next round must not wait for it to enter that round (its
         exchange of the round before may still be under way)."""
         return bool(worker.sit_out_from) and self.current_round >= worker.sit_out_from
+
+    def _judged_too_slow(self, rank: int) -> bool:
+        """Worker ``rank`` (not sitting out yet) is too slow to wait for, by every device's
+        latest c (``rules.sitting_out_ranks``: never while some device is untimed)."""
+        me = self._workers[rank]
+        return (not me.sit_out_from and self.sizing.sit_out > 0 and self.policy == "dynamic"
+                and rank in sitting_out_ranks([w.c for w in self._workers], self.sizing.sit_out)
+                and self._others_take_part(rank))
 
     def _others_take_part(self, rank: int) -> bool:
         """Someone besides ``rank`` still computes (the fastest device never sits out, but two

@@ -155,7 +155,8 @@ class DynamicRounds(ServerRounds):
             self.questions = ThreadPoolExecutor(1, thread_name_prefix="esync-questions")
             self.questions.submit(int).result()       # the thread starts now
         self.asker = ReadinessAsker(self.client, worker.rank, call=self._ask,
-                                    submit=self.questions.submit)
+                                    submit=self.questions.submit,
+                                    may_sit_out=sit_out_ratio(config) > 0)
         if worker.rank == 0:
             self._create_job()
 
