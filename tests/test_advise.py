@@ -77,6 +77,48 @@ def test_esync_advice_includes_a_slow_device_that_saves_time(tmp_path):
     assert [(v["device"], v["include"]) for v in advice["verdicts"]] == [("vm/cpu2", True)]
 
 
+def write_sit_out_run(root):
+    """Two x1 devices (8 iterations of 0.125 s a round, 0.5 s exchanges) and a x50 device that
+    sat out from the start: no iteration, its warm-up's 6.25 s as its iteration time."""
+    mode_dir = root / "lenet" / "esync"
+    for device, (k, compute, update, iteration) in {"cpu0": (8, 1.0, 0.5, 0.125),
+                                                    "cpu1": (8, 1.0, 0.5, 0.125),
+                                                    "cpu2": (0, 0.0, 1.0, 6.25)}.items():
+        folder = mode_dir / "vm" / device
+        folder.mkdir(parents=True)
+        for n in range(1, ROUNDS + 1):
+            phases = {str(i): {"forward and backward": compute / k} for i in range(k)}
+            phases[str(k)] = {"check ready": 0.01, "global update": update}
+            record = {"num_iters": n, "time": phases, "num_samples": k * BATCH,
+                      "total_time": n * (compute + update), "k": k, "compute_time": compute,
+                      "iteration_time": iteration, "slowdown": 1}
+            (folder / f"iter-{n}.txt").write_text(json.dumps(record))
+    (mode_dir / "evaluations.jsonl").write_text("".join(
+        json.dumps({"round": r, "total_time": t, "accuracy": a, "samples": s}) + "\n"
+        for r, t, a, s in EVALUATIONS))
+    (mode_dir / "run.json").write_text(json.dumps({
+        "mode": "esync", "carry": True, "use_dcasgd": 0, "aggregation": "weighted",
+        "policy": "dynamic", "sit_out_ratio": 16.0, "batch_size": BATCH}))
+    return mode_dir
+
+
+def test_a_device_that_sat_out_is_timed_by_its_warm_up(tmp_path):
+    run = advise.read(write_sit_out_run(tmp_path), 0.8)
+    cpu2 = next(d for d in run.devices if d.name == "vm/cpu2")
+    assert (cpu2.iteration_s, cpu2.samples_per_iteration, run.sit_out) == (6.25, BATCH, 16.0)
+
+
+def test_with_a_device_that_sits_out_only_the_first_round_waits_for_it(tmp_path):
+    run = advise.read(write_sit_out_run(tmp_path), 0.8)
+    p = advise.predict(run, ["vm/cpu0", "vm/cpu1", "vm/cpu2"])
+    # round 1: cpu2's 6.25 s + 0.5 s; 256 samples/s x 6.25 s + cpu1's 128 x 0.5 (carry) = 1664.
+    # Then rounds of 8 x 0.125 = 1.0 s + 0.5 s of 256 + 64 = 320 samples: ceil(836 / 320) = 3.
+    assert (p.round_s, p.samples_per_round, p.rounds, p.time_s) == (1.5, 320, 4, 11.25)
+    alone = advise.predict(run, ["vm/cpu0", "vm/cpu1"])
+    # Without it, rounds of one 0.125 s iteration + 0.5 s of 32 + 64 = 96: ceil(2500 / 96) = 27
+    assert (alone.round_s, alone.rounds, alone.time_s) == (0.625, 27, 16.875)
+
+
 def test_sync_rounds_are_one_iteration_of_every_device(tmp_path):
     run = advise.read(write_run(tmp_path, mode="sync", carry=False), 0.8)
     p = advise.predict(run, ["vm/cpu0", "vm/cpu1", "vm/cpu2"])

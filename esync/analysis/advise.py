@@ -25,7 +25,12 @@ The model (small on purpose; every number is measured in the run itself):
 * **Rounds, by mode.** ESync: a round computes for one iteration of its slowest device,
   ``L = max t_i``, during which device i processes ``r_i L`` samples; with ``--carry`` every
   device but the slowest also computes through the exchange (``r_i c`` more). A round lasts
-  ``L + c``. SSGD: a round is one iteration of every device, ``max t_i + c``, and ``sum b_i``
+  ``L + c``. Where the run let devices sit out (``--sit-out-ratio R``, as run.json says), a
+  device over R times the fastest's iteration computes only in the first round, which lasts
+  one iteration of the slowest device; later rounds last ``max(max t_i, 8 min t_i)`` over the
+  devices left (``rules.bounded_length``). A device that sat out from the start has no
+  computed iteration: its speed is its warm-up step's, logged as ``iteration_time``.
+  SSGD: a round is one iteration of every device, ``max t_i + c``, and ``sum b_i``
   samples. ASGD and DC-ASGD: no rounds, device i adds ``b_i / (t_i + c)`` samples per second.
 * **Accuracy.** The test accuracy depends on the samples processed alone, whoever processed them
   and however they were grouped into rounds (i.i.d. shards; no staleness penalty): the run's own
@@ -49,8 +54,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from esync.analysis import summary as summary_mod
-from esync.common import runlayout
+from esync.common import esync_parts, runlayout
 from esync.common.argtypes import HelpFormatter
+from esync.coordination.rules import bounded_length
 
 PROG = "esync-advise"
 ROUND_MODES = ("esync", "sync")
@@ -98,6 +104,7 @@ class Run:
     exchange_s: float
     samples_to_target: float
     target: float
+    sit_out: float = 0.0      # --sit-out-ratio where it engaged (0: every device waited for)
 
 
 # ----------------------------------------------------------------------------- reading a run
@@ -120,15 +127,22 @@ def find_mode_dir(folder: Path) -> Path:
     raise AdviceError(NO_LOGS.format(folder=folder))
 
 
-def device_of(name: str, entry: dict) -> Device:
+def device_of(name: str, entry: dict, batch_size: int) -> Device:
     iterations = entry.get("k_list") or entry["self_iters_list"]
     iterations = sum(iterations)
     compute = sum(entry["compute_time_list"])
+    exchange_s = statistics.median(entry["aggregate_time_list"])
     if iterations <= 0 or compute <= 0:
-        raise AdviceError(f"device {name}: its logs hold no computed iteration")
+        # A device that sat out from the start (--sit-out-ratio) computed nothing; its speed is
+        # its warm-up step's, which the round logs keep as its latest iteration time.
+        timed = [t for t in entry.get("iteration_time_list") or [] if t]
+        if not timed:
+            raise AdviceError(f"device {name}: its logs hold no computed iteration")
+        return Device(name=name, iteration_s=timed[-1], samples_per_iteration=batch_size,
+                      exchange_s=exchange_s)
     return Device(name=name, iteration_s=compute / iterations,
                   samples_per_iteration=sum(entry["num_samples_list"]) / iterations,
-                  exchange_s=statistics.median(entry["aggregate_time_list"]))
+                  exchange_s=exchange_s)
 
 
 def samples_to(evaluations: dict | None, target: float) -> float:
@@ -168,9 +182,12 @@ def read(folder, target: float) -> Run:
     if mode not in ROUND_MODES + ASYNC_MODES:
         raise AdviceError(f"{mode_dir}: a {mode!r} run has one device; the advisor reads a "
                           "cluster run (esync, sync, async, dcasgd)")
-    devices = tuple(device_of(f"{host}/{device}", entry)
+    batch = int(run.get("batch_size") or 0)
+    devices = tuple(device_of(f"{host}/{device}", entry, batch)
                     for host, device, entry in summary_mod.device_entries(summary))
+    sit_out = esync_parts.sit_out_ratio(run) if mode == "esync" else 0.0
     return Run(folder=mode_dir, mode=mode, carry=bool(run.get("carry")), devices=devices,
+               sit_out=sit_out,
                exchange_s=min(d.exchange_s for d in devices),
                samples_to_target=samples_to(summary.get("_evaluator"), target), target=target)
 
@@ -186,17 +203,54 @@ def predict(run: Run, names) -> Prediction:
         added = sum(d.samples_per_iteration / (d.iteration_s + c) for d in devices)
         return Prediction(tuple(d.name for d in devices), rate, None, None, None,
                           run.samples_to_target / added)
-    slowest = max(devices, key=lambda d: d.iteration_s)
-    round_s = slowest.iteration_s + c
+    names = tuple(d.name for d in devices)
     if run.mode == "sync":
+        slowest = max(devices, key=lambda d: d.iteration_s)
+        round_s = slowest.iteration_s + c
         per_round = sum(d.samples_per_iteration for d in devices)
-    else:
-        per_round = rate * slowest.iteration_s
-        if run.carry:
-            per_round += sum(d.samples_per_s for d in devices if d is not slowest) * c
-    rounds = math.ceil(run.samples_to_target / per_round - 1e-9)
-    return Prediction(tuple(d.name for d in devices), rate, round_s, per_round, rounds,
-                      rounds * round_s)
+        rounds = math.ceil(run.samples_to_target / per_round - 1e-9)
+        return Prediction(names, rate, round_s, per_round, rounds, rounds * round_s)
+    computing = computing_devices(devices, run.sit_out)
+    first_s, first_samples = 0.0, 0.0
+    if len(computing) < len(devices):
+        # The first round lasts until every device has been timed (the slowest's warm-up),
+        # while the others compute; then those left sit out.
+        first = max(d.iteration_s for d in devices)
+        first_s = first + c
+        first_samples = esync_round_samples(computing, first, c, run.carry)
+    length = esync_round_length(computing, bounded=len(computing) < len(devices))
+    per_round = esync_round_samples(computing, length, c, run.carry)
+    left = max(0.0, run.samples_to_target - first_samples)
+    rounds = math.ceil(left / per_round - 1e-9)
+    rate = sum(d.samples_per_s for d in computing)
+    return Prediction(names, rate, length + c, per_round, rounds + (first_s > 0),
+                      first_s + rounds * (length + c))
+
+
+def computing_devices(devices, sit_out: float) -> list[Device]:
+    """The devices that compute after the first round: all but those over ``sit_out`` times
+    the fastest's iteration (``esync.coordination.rules.sitting_out_ranks``)."""
+    if sit_out <= 0:
+        return list(devices)
+    fastest = min(d.iteration_s for d in devices)
+    return [d for d in devices if d.iteration_s <= sit_out * fastest]
+
+
+def esync_round_length(devices, *, bounded: bool) -> float:
+    """One slowest iteration; while some device sits out, at least ``BOUNDED_ROUND_ITERATIONS``
+    of the fastest's (``rules.bounded_length``)."""
+    times = [d.iteration_s for d in devices]
+    return bounded_length(times) if bounded else max(times)
+
+
+def esync_round_samples(devices, length: float, c: float, carry: bool) -> float:
+    """Samples of one ESync round of ``length`` s: every device computes throughout; with
+    ``--carry`` all but the slowest also through the exchange (``c`` s)."""
+    slowest = max(devices, key=lambda d: d.iteration_s)
+    samples = sum(d.samples_per_s for d in devices) * length
+    if carry:
+        samples += sum(d.samples_per_s for d in devices if d is not slowest) * c
+    return samples
 
 
 def slow_devices(run: Run) -> list[Device]:

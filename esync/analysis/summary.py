@@ -54,6 +54,7 @@ EXTRA_LIST_KEYS = {
     "bytes_pushed": "bytes_pushed_list",
     "bytes_pulled": "bytes_pulled_list",
     "state_requests": "state_requests_list",
+    "iteration_time": "iteration_time_list",
 }
 EXTRA_SCALAR_KEYS = ("slowdown", "rank")
 

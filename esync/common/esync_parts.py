@@ -229,3 +229,19 @@ class _Values(dict):
 
     def __missing__(self, option):
         return setting(self.settings, option)
+
+
+def sit_out_ratio(settings) -> float:
+    """``--sit-out-ratio`` where a device can sit out, else 0 (``esync.coordination.rules.
+    sitting_out_ranks``); ``settings`` as everywhere here (a run.json's dict too).
+
+    A device that sits out pushes an empty delta with k = 0 every round: only the weighted
+    aggregation gives it no weight, only deltas in full stay empty on the wire (rank-R factors
+    of a zero delta would be normalised by a zero norm), SCAFFOLD and --accumulate divide by k,
+    and --overlap sends a round's delta a round late."""
+    supported = (setting(settings, "policy") in (None, "dynamic")
+                 and not setting(settings, "local_iters")
+                 and setting(settings, "aggregation") == "weighted"
+                 and not setting(settings, "low_rank") and not setting(settings, "scaffold")
+                 and not setting(settings, "accumulate") and not setting(settings, "overlap"))
+    return float(setting(settings, "sit_out_ratio") or 0.0) if supported else 0.0

@@ -415,7 +415,9 @@ class TrainingLoop:
             compute = record.seconds(*COMPUTE_PHASES)
             slowdown = self.speed.factor(elapsed)
             record.extras = {
-                "k": k, "compute_time": round(compute, 6),
+                # the latest iteration's seconds (the warm-up step's before the first): what the
+                # state server knows of this device's speed, also where it computed nothing
+                "k": k, "compute_time": round(compute, 6), "iteration_time": round(last_c, 6),
                 "slowdown_time": round(record.seconds("emulated slowdown"), 6),
                 "wait_time": round(time.perf_counter() - round_start - compute, 6),
                 "bytes_pushed": pushed - pushed0, "bytes_pulled": pulled - pulled0,

@@ -29,23 +29,11 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
+from esync.common.esync_parts import sit_out_ratio
 from esync.common.speeds import communication_threads
 from esync.coordination.client import ReadinessAsker, SpeedAnnouncer, StateClient
 from esync.coordination.rules import RoundSizing, planned_continue, planned_round_budget
 from esync.worker.algorithms.esync.reporter import PlanReporter
-
-
-def sit_out_ratio(config) -> float:
-    """``--sit-out-ratio`` where a device can sit out, else 0 (``rules.sitting_out_ranks``).
-
-    A device that sits out pushes an empty delta with k = 0 every round: only the weighted
-    aggregation gives it no weight, only deltas in full stay empty on the wire (rank-R factors
-    of a zero delta would be normalised by a zero norm), SCAFFOLD and --accumulate divide by k,
-    and --overlap sends a round's delta a round late."""
-    supported = (config.policy == "dynamic" and not config.local_iters
-                 and config.aggregation == "weighted" and not config.low_rank
-                 and not config.scaffold and not config.accumulate and not config.overlap)
-    return config.sit_out_ratio if supported else 0.0
 
 
 class RoundSizer:
