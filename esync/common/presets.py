@@ -161,8 +161,8 @@ PRESETS: tuple[Preset, ...] = (
            "slowest iteration, nothing overlapped",
            f"{EVIDENCE}#which-exchange-rule", reads_exchange=True),
     Preset("sit-out", lambda s, v: s.tool == "esync-cluster" and s.mode == "esync",
-           dict(sit_out_ratio=16.0),
-           "every ESync cluster run: a device over 16 times slower than the fastest sits out "
+           dict(sit_out_ratio=32.0),
+           "every ESync cluster run: a device over 32 times slower than the fastest sits out "
            "(where the exchange allows it: weighted deltas in full, not overlapped)",
            f"{EVIDENCE}#devices-that-sit-out"),
     Preset("iid-carry", _iid_esync, dict(carry=True),
