@@ -32,7 +32,7 @@ from mxnet import autograd, gluon
 from esync.worker import data, models
 from esync.worker.algorithms import AlgorithmConfig, Worker, algorithm_class
 from esync.worker.background import BackgroundWrites
-from esync.common import dataset, runlayout
+from esync.common import dataset, esync_parts, runlayout
 from esync.common.checkpoint import CheckpointError, CheckpointStore
 from esync.common.errors import UsageError, guarded
 from esync.common.runlayout import EvaluationLog
@@ -44,6 +44,8 @@ from esync.common.files import atomic_write_text
 from esync.worker.measure import RoundLogWriter, RoundRecord
 from esync.worker.score_report import ScoreReport
 from esync.worker.tboard import TrainingScalars, forget_earlier_events
+
+PROBE_DIVISOR = 8     # where devices may sit out, the warm-up times 1/8 of a batch (_warm_up)
 
 COMPUTE_PHASES = ("get_batch", "forward and backward", "local update", "emulated slowdown")
 
@@ -493,19 +495,29 @@ class TrainingLoop:
     def _warm_up(self) -> float:
         """One step on a dummy batch: compiles the graph, gives the first c_i, uses no data.
 
+        Where devices may sit out (ESync's ``--sit-out-ratio``) the step is a timing probe on
+        an eighth of a batch, its duration scaled to a whole one: the first round ends only
+        when every device has sent its first question, which carries this c, so a device 150
+        times slower then holds it up for an eighth of its iteration instead of a whole one
+        (and, judged too slow, never computes one). The first iteration compiles the graph
+        for the whole batch.
+
         The training-mode forward pass would move batch-norm running statistics towards the
         dummy batch's, so they are put back afterwards.
         """
+        batch = self.args.batch_size
+        may_sit_out = self.args.mode == "esync" and esync_parts.sit_out_ratio(self.args) > 0
+        probe = max(1, batch // PROBE_DIVISOR) if may_sit_out else batch
         size = models.input_size(self.args.network)
-        data_ = mx.nd.zeros((self.args.batch_size, 1, size, size), ctx=self.w.ctx)
-        label = mx.nd.zeros((self.args.batch_size,), ctx=self.w.ctx)
+        data_ = mx.nd.zeros((probe, 1, size, size), ctx=self.w.ctx)
+        label = mx.nd.zeros((probe,), ctx=self.w.ctx)
         saved = [p.data().copy() for p in self.w.aux]
         start = time.perf_counter()
         with autograd.record():
             loss = self.loss_fn(self.w.net(data_), label)
         loss.backward()
         mx.nd.waitall()
-        seconds = (time.perf_counter() - start) * self.speed.sleep_factor(0.0)
+        seconds = (time.perf_counter() - start) * self.speed.sleep_factor(0.0) * batch / probe
         for p, value in zip(self.w.aux, saved):
             p.set_data(value)
         return seconds
