@@ -1737,16 +1737,20 @@ def test_collective_section_pairs_each_row_with_its_allreduce_twin(tmp_path):
                 "accuracy": stats.spread([0.85, 0.86, 0.87]),
                 "server_bytes_per_round": server, "exchange_bytes": exchange,
                 "worker_link_bytes_per_round": link, "server_link_bytes_per_round": None}
-    results = {"loopback": {"names": ["sync", "sync-allreduce", "async"],
+    results = {"loopback": {"names": ["sync", "sync-allreduce", "async", "sync-fast",
+                                      "sync-allreduce-fast"],
                             "rows": {"sync": row(30.0, server=8e6, exchange=2e6),
                                      "sync-allreduce": row(20.0, exchange=3e6, link=3.2e6),
-                                     "async": row(25.0)}}}
-    args = types.SimpleNamespace(workers=4, target=0.85)
+                                     "async": row(25.0),
+                                     "sync-fast": row(22.0, server=4e6, exchange=2e6),
+                                     "sync-allreduce-fast": row(21.0, exchange=2e6)}}}
+    args = types.SimpleNamespace(workers=4, target=0.85, fast_list=[0, 1])
     text = "\n".join(report.collective_section(args, results, [LOOPBACK], {}))
     lines = [line for line in text.splitlines() if line.startswith("| loopback")]
-    assert len(lines) == 1 and "8.00" in lines[0] and "3.00 (3.20)" in lines[0]
-    assert lines[0].rstrip(" |").endswith("1.60")
-    assert "ring: 1.50" in text
+    assert len(lines) == 2 and "8.00" in lines[0] and "3.00 (3.20)" in lines[0]
+    # measured over the model, then the ring's 2(N-1)/N for the row's own N: 4, then 2
+    assert lines[0].rstrip(" |").endswith("1.60 (1.50)")
+    assert lines[1].rstrip(" |").endswith("1.00 (counted) (1.00)")
 
 
 def test_the_canonical_command_gives_back_every_aggregation_part():

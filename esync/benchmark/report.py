@@ -20,9 +20,9 @@ from esync.emulation.standalone_cap import describe as describe_emulation
 from esync.benchmark.metrics import TUNING_TOLERANCE
 from esync.benchmark.options import (SYNC_CAP_BUDGETS, canonical_command, describe_byclass_grid,
                                      describe_fast_devices, repeat_seeds, sync_cap)
-from esync.benchmark.plan import (CLUSTER_EVAL, CONFIRMED_RATES, FAST_MODES, LENGTHENED_RATES,
-                                  SHIFTING, STANDALONE_CONFIRMING_SEEDS, UNDECIDED_SCORE,
-                                  Job, Setting, display_argv, sync_target)
+from esync.benchmark.plan import (CLUSTER_EVAL, CONFIRMED_RATES, FAST_MODES, FAST_SUFFIX,
+                                  LENGTHENED_RATES, SHIFTING, STANDALONE_CONFIRMING_SEEDS,
+                                  UNDECIDED_SCORE, Job, Setting, display_argv, sync_target)
 from esync.benchmark.runs import tail
 from esync.emulation.shaping import rate_bit_s
 from esync.benchmark.stats import speedup_cell, time_cell, value_cell
@@ -345,19 +345,27 @@ def collective_section(args, results: dict, settings: list[Setting],
                   if ALLREDUCE_SUFFIX in n and n.replace(ALLREDUCE_SUFFIX, "") in names]
     if not pairs:
         return []
-    n = args.workers
-    ring = 2 * (n - 1) / n
+    fast = len(getattr(args, "fast_list", ()) or ())
+
+    def workers(name: str) -> int:
+        """A row's workers: the fast devices' for a fast-devices row, else the cluster's."""
+        return fast if name.endswith(FAST_SUFFIX) and fast else args.workers
+
+    def ring(name: str) -> float:
+        n = workers(name)
+        return 2 * (n - 1) / n
     L = ["## Collectives: parameter server and ring allreduce", "",
-         f"The same rows over MXNet's parameter server (ps) and Horovod's ring allreduce, "
-         f"{n} workers. Per exchange a worker pushes the model (plus a small control vector) "
-         f"and pulls the sum: over ps through its own link, and the server's one link sends "
-         f"all {n} pulls (N × the model per round); over the ring each link carries "
-         f"2(N−1)/N = {ring:.2f} × the model each way, in parallel. Medians over the repeats.",
+         "The same rows over MXNet's parameter server (ps) and Horovod's ring allreduce "
+         f"({args.workers} workers; a fast-devices row {fast or 'has none'}). Per exchange a "
+         "worker pushes the model (plus a small control vector) and pulls the sum: over ps "
+         "through its own link, and the server's one link sends all N pulls (N × the model per "
+         "round); over the ring each link carries 2(N−1)/N × the model each way, in parallel "
+         "(the last column gives it per row). Medians over the repeats.",
          "",
          f"| Setting | Row | ps: time to {args.target:.2f} | allreduce: time to "
          f"{args.target:.2f} | ps: final accuracy | allreduce: final accuracy "
          "| ps: busiest link MB/round (the server's) | allreduce: busiest link MB/round "
-         f"(a worker's) | allreduce: link bytes per round / model (ring: {ring:.2f}) |",
+         "(a worker's) | allreduce: link bytes per round / model (the ring's 2(N−1)/N) |",
          "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for s, ps_name, ar_name in pairs:
         ps, ar = results[s.name]["rows"][ps_name], results[s.name]["rows"][ar_name]
@@ -374,7 +382,8 @@ def collective_section(args, results: dict, settings: list[Setting],
             _counted_measured(ps.get("server_bytes_per_round"),
                               ps.get("server_link_bytes_per_round")),
             _counted_measured(ar.get("exchange_bytes"), measured),
-            _num(share, ".2f") + ("" if measured else " (counted)")]) + " |")
+            _num(share, ".2f") + ("" if measured else " (counted)")
+            + f" ({ring(ps_name):.2f})"]) + " |")
     L += ["", "Link bytes: as the workers count them (what they hand the collective: over the "
           "ring 2(N−1)/N × the arrays reduced), and in parentheses as the kernel measured "
           "them on the emulated hosts' links (`links.json` of a `--net netns` run: the more "
