@@ -785,6 +785,17 @@ def test_physical_limit_is_the_devices_sum_when_cores_suffice(tmp_path):
     assert limit["cluster_limit"] == pytest.approx(1.375 * 128)
 
 
+def test_on_real_machines_no_cores_bound_the_physical_limit(tmp_path):
+    # Two devices at the probes' slow-downs 1 and 2 on hosts of their own: 128 + 64 samples/s,
+    # however few cores the launching machine has.
+    local = summary_mod.summarize(logmaker.write_mode(tmp_path, "local"))
+    limit = metrics.physical_limit(local, [1, 2], cores=1, one_machine=False)
+    assert (limit["cluster_limit"], limit["cores_bound"]) == (pytest.approx(192), None)
+    from esync.benchmark import report
+    line = report._limit_line([limit], {"capped": False})[0]
+    assert "192.0 samples/s" in line and "cores" in line and "min(" not in line
+
+
 def test_matching_rate_for_lenet_at_20_ms():
     # 8 x 1,724,320 B / ((374 / 60) x 20 ms) = 111 Mbit/s
     bit_s = shaping.matching_rate_bit_s(1_724_320, 0.020)

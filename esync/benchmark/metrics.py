@@ -28,7 +28,8 @@ def summarise(job: Job) -> None:
 
 
 def physical_limit(local_summary: dict | None, slowdowns: list[float],
-                   cores: int | None = None, share: float | None = None) -> dict:
+                   cores: int | None = None, share: float | None = None,
+                   one_machine: bool = True) -> dict:
     """What the emulated cluster could process at most, in samples/s.
 
     Each device ``i`` can at best run at one device's standalone throughput ``tp`` over its
@@ -36,7 +37,9 @@ def physical_limit(local_summary: dict | None, slowdowns: list[float],
     ``min(Σ tp / F_i, cores × tp per core)``. Under the sleep emulation the slowed devices wait
     without using the CPU and the standalone run has a whole core, so a core gives ``tp``. Under
     CPU caps the standalone run had ``share`` of a core (the x1 device's cap), so a core gives
-    ``tp / share``; the caps are sized to fit the cores, so ``Σ tp / F_i`` is the limit.
+    ``tp / share``; the caps are sized to fit the cores, so ``Σ tp / F_i`` is the limit. On
+    real machines (``one_machine`` False) every device has its own hardware and ``F_i`` are
+    the probes' measured slow-downs: the limit is ``Σ tp / F_i`` alone.
     """
     cores = cores or os.cpu_count() or 1
     empty = {"standalone_throughput": None, "cluster_limit": None, "devices_sum": None,
@@ -47,9 +50,11 @@ def physical_limit(local_summary: dict | None, slowdowns: list[float],
     if tp is None:
         return empty
     devices_sum = sum(tp / f for f in slowdowns)
-    cores_bound = cores * tp / (share or 1.0)
+    cores_bound = cores * tp / (share or 1.0) if one_machine else None
     return {"standalone_throughput": tp, "devices_sum": devices_sum, "cores_bound": cores_bound,
-            "cluster_limit": min(devices_sum, cores_bound), "cores": cores, "share": share}
+            "cluster_limit": devices_sum if cores_bound is None else min(devices_sum,
+                                                                         cores_bound),
+            "cores": cores, "share": share}
 
 
 def x1_seconds_per_sample(summary: dict) -> float | None:
@@ -299,7 +304,9 @@ def results(args, jobs: list[Job], setting_names: list[str], *,
         names = list(dict.fromkeys(j.row.name for j in mine + shared))
         kind = {j.row.name: j for j in mine + shared}
         limits = [physical_limit(run.get(modes.STANDALONE), args.slowdowns,
-                                 share=standalone_share) for run in runs]
+                                 share=standalone_share,
+                                 one_machine=not getattr(args, "machines", None))
+                  for run in runs]
         switch = setting.switch_s if setting is not None else None
         per_rep = {}
         for n in names:

@@ -405,6 +405,12 @@ def _limit_line(limits: list[dict], standalone: dict) -> list[str]:
 
     def med(key):
         return _num(stats.median([lim[key] for lim in limits]), ".1f")
+    if all(lim["cores_bound"] is None for lim in limits if lim["cluster_limit"] is not None):
+        return [f"Physical limit of the cluster: Σ over devices of one device's standalone "
+                f"throughput / its measured slow-down = **{med('cluster_limit')} samples/s** "
+                f"(one device alone: {med('standalone_throughput')} samples/s; every device "
+                "on its own hardware, so no machine's cores bound the sum). Medians over the "
+                "repeats.", ""]
     if standalone.get("capped"):
         share = standalone["share"]
         return [f"Physical limit of the cluster: Σ over devices of one device's standalone "
