@@ -126,7 +126,8 @@ def tuning_section(args, tuning: dict | None, rows, labels: dict) -> list[str]:
     L += [f"Each row's learning rate (`-l`, or `-ll` for ESync: lr × the gradient summed over "
           f"the batch) is the best of the grid {', '.join(f'{v:g}' for v in args.lr_grid)}: one short "
           f"run ({args.tune_budget:g} s of training) per value, once per row (not per repeat), "
-          f"on loopback with seed {args.seed}, on the row's own data split (a by-class row is "
+          f"on {'the machines' if getattr(args, 'machines', None) else 'loopback'} with seed "
+          f"{args.seed}, on the row's own data split (a by-class row is "
           f"{byclass}); the best score wins, "
           f"or the smallest rate within {TUNING_TOLERANCE:g} of it (one short run cannot tell "
           "them apart). A run's score is its mean test accuracy over the checkpoints of its "
@@ -729,8 +730,11 @@ def render(args, *, jobs: list[Job], tune_jobs: list[Job], results: dict,
           + ("one run" if args.repeats == 1 else f"{args.repeats} runs (seeds {seeds}"
              + ("; the same data order and initial weights each time, so the ranges are the "
                 "timing's alone" if args.same_seed else "") + ")")
-          + f" per row and setting on this machine ({socket.gethostname()}, {os.cpu_count()} "
-          "CPU cores, shared with whatever else ran at the time). "
+          + (f" per row and setting on the machines below (launched from "
+             f"{socket.gethostname()}), shared with whatever else ran on them at the time). "
+             if getattr(args, "machines", None) else
+             f" per row and setting on this machine ({socket.gethostname()}, {os.cpu_count()} "
+             "CPU cores, shared with whatever else ran at the time). ")
           + ("Cells give the median over the repeats and their min–max range; speedups are "
              "ratios of medians, and where two rows' ranges overlap the report says the "
              "difference is not clear. " if args.repeats > 1 else
