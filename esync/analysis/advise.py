@@ -28,7 +28,7 @@ The model (small on purpose; every number is measured in the run itself):
   ``L + c``. Where the run let devices sit out (``--sit-out-ratio R``, as run.json says), a
   device over R times the fastest's iteration computes only in the first round, which lasts
   one iteration of the slowest device; later rounds last ``max(max t_i, 8 min t_i)`` over the
-  devices left (``rules.bounded_length``). A device that sat out from the start has no
+  devices left (``esync_parts.bounded_length``). A device that sat out from the start has no
   computed iteration: its speed is its warm-up step's, logged as ``iteration_time``.
   SSGD: a round is one iteration of every device, ``max t_i + c``, and ``sum b_i``
   samples. ASGD and DC-ASGD: no rounds, device i adds ``b_i / (t_i + c)`` samples per second.
@@ -55,8 +55,8 @@ from pathlib import Path
 
 from esync.analysis import summary as summary_mod
 from esync.common import esync_parts, runlayout
+from esync.common.esync_parts import bounded_length
 from esync.common.argtypes import HelpFormatter
-from esync.coordination.rules import bounded_length
 
 PROG = "esync-advise"
 ROUND_MODES = ("esync", "sync")
@@ -238,7 +238,7 @@ def computing_devices(devices, sit_out: float) -> list[Device]:
 
 def esync_round_length(devices, *, bounded: bool) -> float:
     """One slowest iteration; while some device sits out, at least ``BOUNDED_ROUND_ITERATIONS``
-    of the fastest's (``rules.bounded_length``)."""
+    of the fastest's (``esync_parts.bounded_length``)."""
     times = [d.iteration_s for d in devices]
     return bounded_length(times) if bounded else max(times)
 

@@ -245,3 +245,15 @@ def sit_out_ratio(settings) -> float:
                  and not setting(settings, "low_rank") and not setting(settings, "scaffold")
                  and not setting(settings, "accumulate") and not setting(settings, "overlap"))
     return float(setting(settings, "sit_out_ratio") or 0.0) if supported else 0.0
+
+
+# While some device sits out, a round lasts this many of the fastest device's iterations (or the
+# slowest remaining device's one, if longer): the rounds of the default 1,1,4,8 cluster, for
+# which the outer step's settings were tuned (docs/ALGORITHM.md, "Devices that sit out").
+BOUNDED_ROUND_ITERATIONS = 8
+
+
+def bounded_length(on_time) -> float:
+    """A round's duration while some device sits out: the slowest remaining device's iteration,
+    at least ``BOUNDED_ROUND_ITERATIONS`` of the fastest's (``on_time``: their durations)."""
+    return max(max(on_time), BOUNDED_ROUND_ITERATIONS * min(on_time))

@@ -93,6 +93,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from esync.common.esync_parts import BOUNDED_ROUND_ITERATIONS, bounded_length  # noqa: F401
 from esync.coordination.limits import AUTO, MAX_PLANNED_K
 
 
@@ -213,12 +214,6 @@ def round_length(c_s: float, comm: float, sizing: RoundSizing = COMPUTE_ONLY,
 
 # -- devices too slow to wait for ---------------------------------------------------------------
 
-# While some device sits out, a round lasts this many of the fastest device's iterations (or the
-# slowest remaining device's one, if longer): the rounds of the default 1,1,4,8 cluster, for
-# which the outer step's settings were tuned (docs/ALGORITHM.md, "Devices that sit out").
-BOUNDED_ROUND_ITERATIONS = 8
-
-
 def sitting_out_ranks(durations, ratio: float) -> set[int]:
     """The devices not worth waiting for: those whose iteration ``c_i`` exceeds ``ratio``
     times the fastest one's (``durations``: every device's latest c; 0: unknown, and then
@@ -234,12 +229,6 @@ def sitting_out_ranks(durations, ratio: float) -> set[int]:
         return set()
     fastest = min(known)
     return {rank for rank, c in enumerate(durations) if c > ratio * fastest}
-
-
-def bounded_length(on_time) -> float:
-    """A round's duration while some device sits out: the slowest remaining device's iteration,
-    at least ``BOUNDED_ROUND_ITERATIONS`` of the fastest's (``on_time``: their durations)."""
-    return max(max(on_time), BOUNDED_ROUND_ITERATIONS * min(on_time))
 
 
 def transfer_estimate(comms) -> float:
