@@ -17,10 +17,12 @@ ROUNDS = 2
 EVALUATIONS = [(1, 1.25, 0.5, 1000), (2, 2.5, 0.9, 3000)]
 
 
-def write_run(root, mode="esync", carry=True, evaluations=EVALUATIONS):
-    """``root/lenet/esync``: three devices' round logs, the evaluator's records, run.json."""
+def write_logs(root, devices, run, evaluations=EVALUATIONS):
+    """``root/lenet/esync``: the devices' round logs (host/device: (slow-down, iterations per
+    round, computing s per round, "global update" s, logged iteration time or None)), the
+    evaluator's records and ``run`` as run.json."""
     mode_dir = root / "lenet" / "esync"
-    for device, (slowdown, k, compute, update) in DEVICES.items():
+    for device, (slowdown, k, compute, update, iteration) in devices.items():
         folder = mode_dir / "vm" / device
         folder.mkdir(parents=True)
         for n in range(1, ROUNDS + 1):
@@ -29,13 +31,20 @@ def write_run(root, mode="esync", carry=True, evaluations=EVALUATIONS):
             record = {"num_iters": n, "time": phases, "num_samples": k * BATCH,
                       "total_time": n * (compute + update), "k": k, "compute_time": compute,
                       "slowdown": slowdown}
+            if iteration is not None:
+                record["iteration_time"] = iteration
             (folder / f"iter-{n}.txt").write_text(json.dumps(record))
     (mode_dir / "evaluations.jsonl").write_text("".join(
         json.dumps({"round": r, "total_time": t, "accuracy": a, "samples": s}) + "\n"
         for r, t, a, s in evaluations))
-    (mode_dir / "run.json").write_text(json.dumps({"mode": mode, "carry": carry,
-                                                   "use_dcasgd": 0}))
+    (mode_dir / "run.json").write_text(json.dumps(run))
     return mode_dir
+
+
+def write_run(root, mode="esync", carry=True, evaluations=EVALUATIONS):
+    """Three devices (``DEVICES``) in ``mode``."""
+    return write_logs(root, {d: (*v, None) for d, v in DEVICES.items()},
+                      {"mode": mode, "carry": carry, "use_dcasgd": 0}, evaluations)
 
 
 def test_a_devices_speed_is_its_samples_over_its_computing_seconds(tmp_path):
@@ -80,26 +89,11 @@ def test_esync_advice_includes_a_slow_device_that_saves_time(tmp_path):
 def write_sit_out_run(root):
     """Two x1 devices (8 iterations of 0.125 s a round, 0.5 s exchanges) and a x50 device that
     sat out from the start: no iteration, its warm-up's 6.25 s as its iteration time."""
-    mode_dir = root / "lenet" / "esync"
-    for device, (k, compute, update, iteration) in {"cpu0": (8, 1.0, 0.5, 0.125),
-                                                    "cpu1": (8, 1.0, 0.5, 0.125),
-                                                    "cpu2": (0, 0.0, 1.0, 6.25)}.items():
-        folder = mode_dir / "vm" / device
-        folder.mkdir(parents=True)
-        for n in range(1, ROUNDS + 1):
-            phases = {str(i): {"forward and backward": compute / k} for i in range(k)}
-            phases[str(k)] = {"check ready": 0.01, "global update": update}
-            record = {"num_iters": n, "time": phases, "num_samples": k * BATCH,
-                      "total_time": n * (compute + update), "k": k, "compute_time": compute,
-                      "iteration_time": iteration, "slowdown": 1}
-            (folder / f"iter-{n}.txt").write_text(json.dumps(record))
-    (mode_dir / "evaluations.jsonl").write_text("".join(
-        json.dumps({"round": r, "total_time": t, "accuracy": a, "samples": s}) + "\n"
-        for r, t, a, s in EVALUATIONS))
-    (mode_dir / "run.json").write_text(json.dumps({
-        "mode": "esync", "carry": True, "use_dcasgd": 0, "aggregation": "weighted",
-        "policy": "dynamic", "sit_out_ratio": 16.0, "batch_size": BATCH}))
-    return mode_dir
+    return write_logs(root, {"cpu0": (1, 8, 1.0, 0.5, 0.125), "cpu1": (1, 8, 1.0, 0.5, 0.125),
+                             "cpu2": (1, 0, 0.0, 1.0, 6.25)},
+                      {"mode": "esync", "carry": True, "use_dcasgd": 0,
+                       "aggregation": "weighted", "policy": "dynamic", "sit_out_ratio": 16.0,
+                       "batch_size": BATCH})
 
 
 def test_a_device_that_sat_out_is_timed_by_its_warm_up(tmp_path):
