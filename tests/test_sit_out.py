@@ -24,8 +24,11 @@ def test_on_the_wide_gap_cluster_both_slow_devices_sit_out():
     assert sitting_out_ranks([0.1, 0.1, 5.0, 15.0], RATIO) == {2, 3}
 
 
-def test_nobody_sits_out_while_a_device_is_untimed_or_the_ratio_is_0():
-    assert sitting_out_ranks([0.1, 0.0, 15.0], RATIO) == set()
+def test_a_device_is_judged_against_the_timed_ones_and_an_untimed_one_never():
+    # the untimed device can only be faster than 0.1 or slower than 15: either way rank 2
+    # stays over 32 times the fastest, so its warm-up alone decides
+    assert sitting_out_ranks([0.1, 0.0, 15.0], RATIO) == {2}
+    assert sitting_out_ranks([0.0, 0.0, 15.0], RATIO) == set()
     assert sitting_out_ranks([0.1, 15.0], 0.0) == set()
 
 

@@ -77,6 +77,13 @@ def test_every_cluster_run_gives_a_x1_device_the_same_cap(data_dir, tmp_path):
     assert shares == {"0.3"}
 
 
+def test_every_cluster_run_is_capped_even_where_no_device_is_slower_than_x1(data_dir, tmp_path):
+    # under "auto" the launcher would cap nothing at gap 1 and for the fast devices alone
+    plans = sweep.build(sweep_args(data_dir, tmp_path), tmp_path / "o")
+    assert {flag(j.argv, "--emulation") for p in plans for j in p.tune_jobs
+            if not j.standalone} == {"cpu-cap"}
+
+
 def test_each_row_is_tuned_at_every_gap(data_dir, tmp_path):
     plans = sweep.build(sweep_args(data_dir, tmp_path, "--tune-lr", "0.001,0.003"),
                         tmp_path / "o")

@@ -415,7 +415,11 @@ def to_json(plans, results) -> dict:
 # ----------------------------------------------------------------------------- running it
 
 def resolve(args) -> None:
-    """``args.gaps`` and the sweep's one x1 cap (``args.cpu_share``, passed to every run)."""
+    """``args.gaps`` and the sweep's one x1 cap (``args.cpu_share``, passed to every run).
+
+    Every cluster run is then capped (``--emulation cpu-cap``): under ``auto`` the launcher
+    caps nothing where no device is slower than x1 (gap 1, the fast devices alone), and those
+    rows would compute on whole cores beside capped ones."""
     args.gaps = parse_gaps(args.gap_sweep)
     if args.cpu_share is not None:
         check_caps(args.gaps, args.cpu_share)
@@ -425,6 +429,8 @@ def resolve(args) -> None:
             args.cpu_share = float(f"{sweep_share(args.gaps, cores_here()):.4g}")
             check_caps(args.gaps, args.cpu_share)
             args.emulation_argv += ["--cpu-share", f"{args.cpu_share:g}"]
+    if args.cpu_share is not None and "--emulation" in args.emulation_argv:
+        args.emulation_argv[args.emulation_argv.index("--emulation") + 1] = "cpu-cap"
 
 
 def check_caps(gaps: list[float], share: float) -> None:

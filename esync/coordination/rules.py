@@ -216,8 +216,10 @@ def round_length(c_s: float, comm: float, sizing: RoundSizing = COMPUTE_ONLY,
 
 def sitting_out_ranks(durations, ratio: float) -> set[int]:
     """The devices not worth waiting for: those whose iteration ``c_i`` exceeds ``ratio``
-    times the fastest one's (``durations``: every device's latest c; 0: unknown, and then
-    nobody, since the slowest may be the untimed one; ``ratio`` 0: nobody).
+    times the fastest timed one's (``durations``: every device's latest c; 0: not timed yet,
+    and never judged; ``ratio`` 0: nobody). An untimed device can only make the fastest
+    faster, so a device judged against the timed ones stays judged once every device is timed:
+    a slow device's warm-up judges it before its first iteration, whatever the others' state.
 
     Waiting for a device of ``c_i = G c_min`` makes every round last G of the fastest device's
     iterations for one of its own: at G = 150 the fast devices' models drift apart for 150 local
@@ -225,7 +227,7 @@ def sitting_out_ranks(durations, ratio: float) -> set[int]:
     adds well under 1% of the samples. Leaving it out costs that share of the samples and keeps
     the rounds short."""
     known = [c for c in durations if c > 0]
-    if ratio <= 0 or not known or len(known) < len(durations):
+    if ratio <= 0 or not known:
         return set()
     fastest = min(known)
     return {rank for rank, c in enumerate(durations) if c > ratio * fastest}
