@@ -26,10 +26,11 @@ The model (small on purpose; every number is measured in the run itself):
   ``L = max t_i``, during which device i processes ``r_i L`` samples; with ``--carry`` every
   device but the slowest also computes through the exchange (``r_i c`` more). A round lasts
   ``L + c``. Where the run let devices sit out (``--sit-out-ratio R``, as run.json says), a
-  device over R times the fastest's iteration computes only in the first round, which lasts
-  one iteration of the slowest device; later rounds last ``max(max t_i, 8 min t_i)`` over the
-  devices left (``esync_parts.bounded_length``). A device that sat out from the start has no
-  computed iteration: its speed is its warm-up step's, logged as ``iteration_time``.
+  device over R times the fastest's iteration computes nothing: judged by its warm-up probe
+  (a step on 1/8 of a batch, ``esync_parts.PROBE_DIVISOR``), it holds the first round up for
+  that probe, an eighth of its iteration; later rounds last ``max(max t_i, 8 min t_i)`` over
+  the devices left (``esync_parts.bounded_length``). Such a device has no computed iteration:
+  its speed is its warm-up step's, logged as ``iteration_time``.
   SSGD: a round is one iteration of every device, ``max t_i + c``, and ``sum b_i``
   samples. ASGD and DC-ASGD: no rounds, device i adds ``b_i / (t_i + c)`` samples per second.
 * **Accuracy.** The test accuracy depends on the samples processed alone, whoever processed them
@@ -213,9 +214,9 @@ def predict(run: Run, names) -> Prediction:
     computing = computing_devices(devices, run.sit_out)
     first_s, first_samples = 0.0, 0.0
     if len(computing) < len(devices):
-        # The first round lasts until every device has been timed (the slowest's warm-up),
-        # while the others compute; then those left sit out.
-        first = max(d.iteration_s for d in devices)
+        # The first round lasts until every device has been timed (the slowest's probe),
+        # while the others compute; those judged too slow by it compute nothing.
+        first = max(d.iteration_s for d in devices) / esync_parts.PROBE_DIVISOR
         first_s = first + c
         first_samples = esync_round_samples(computing, first, c, run.carry)
     length = esync_round_length(computing, bounded=len(computing) < len(devices))

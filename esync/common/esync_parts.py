@@ -247,6 +247,11 @@ def sit_out_ratio(settings) -> float:
     return float(setting(settings, "sit_out_ratio") or 0.0) if supported else 0.0
 
 
+# Where devices may sit out, a worker's warm-up (its first c, judged before it computes) times a
+# step on this fraction of a batch: a x150 device holds round 1 up for 1/8 of its iteration.
+PROBE_DIVISOR = 8
+
+
 # While some device sits out, a round lasts this many of the fastest device's iterations (or the
 # slowest remaining device's one, if longer): the rounds of the default 1,1,4,8 cluster, for
 # which the outer step's settings were tuned (docs/ALGORITHM.md, "Devices that sit out").

@@ -559,7 +559,7 @@ class JobState:
 
     def _judged_too_slow(self, rank: int) -> bool:
         """Worker ``rank`` (not sitting out yet) is too slow to wait for, by every device's
-        latest c (``rules.sitting_out_ranks``: never while some device is untimed)."""
+        latest c (``rules.sitting_out_ranks``: against the devices timed so far)."""
         me = self._workers[rank]
         return (not me.sit_out_from and self.sizing.sit_out > 0 and self.policy == "dynamic"
                 and rank in sitting_out_ranks([w.c for w in self._workers], self.sizing.sit_out)

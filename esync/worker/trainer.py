@@ -45,7 +45,6 @@ from esync.worker.measure import RoundLogWriter, RoundRecord
 from esync.worker.score_report import ScoreReport
 from esync.worker.tboard import TrainingScalars, forget_earlier_events
 
-PROBE_DIVISOR = 8     # where devices may sit out, the warm-up times 1/8 of a batch (_warm_up)
 
 COMPUTE_PHASES = ("get_batch", "forward and backward", "local update", "emulated slowdown")
 
@@ -507,7 +506,7 @@ class TrainingLoop:
         """
         batch = self.args.batch_size
         may_sit_out = self.args.mode == "esync" and esync_parts.sit_out_ratio(self.args) > 0
-        probe = max(1, batch // PROBE_DIVISOR) if may_sit_out else batch
+        probe = max(1, batch // esync_parts.PROBE_DIVISOR) if may_sit_out else batch
         size = models.input_size(self.args.network)
         data_ = mx.nd.zeros((probe, 1, size, size), ctx=self.w.ctx)
         label = mx.nd.zeros((probe,), ctx=self.w.ctx)
