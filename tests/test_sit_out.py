@@ -101,11 +101,22 @@ def test_a_device_timed_by_its_warm_up_sits_out_before_its_first_iteration():
     assert _fast_iterations_until_ready(job, clock, t=1) == BOUNDED_ROUND_ITERATIONS
 
 
-def test_a_device_is_not_judged_at_k_0_while_another_is_untimed():
+def test_a_device_is_not_judged_at_k_0_while_no_faster_device_is_timed():
     clock = FakeClock()
     job = JobState(num_workers=2, epsilon=0.0, policy="dynamic", clock=clock,
                    sizing=RoundSizing(sit_out=RATIO))
     assert not job.decide(1, 0, SLOW_C, t=1).ready
+
+
+def test_a_slow_devices_warm_up_judges_it_while_the_other_slow_device_is_untimed():
+    # Two devices at the gap probe at once: the first to ask must not compute a x50 iteration
+    # because the second has not asked yet (an untimed device can only make the fastest faster).
+    clock = FakeClock()
+    job = JobState(num_workers=3, epsilon=0.0, policy="dynamic", clock=clock,
+                   sizing=RoundSizing(sit_out=RATIO))
+    job.decide(0, 0, FAST_C, t=1)
+    answer = job.decide(1, 0, SLOW_C, t=1)
+    assert answer.ready and answer.sit_out
 
 
 def test_a_device_that_sits_out_is_ready_at_once_in_every_later_round():
