@@ -595,7 +595,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="instead of the rows above: per gap G (comma-separated, e.g. "
                         "1,4,16,64,150,300) two x1 devices and two at G, ESync under the "
                         "launcher's defaults against SSGD, ASGD, DC-ASGD, the fast devices "
-                        "alone and one device alone, each tuned; report OUT/sweep.md "
+                        "alone and one device alone, each tuned; report OUT/report.md "
                         "(esync/benchmark/sweep.py); --workers and --slowdown are the sweep's")
     w.add_argument("--testbed", choices=sorted(TESTBEDS), default=None,
                    help="a named cluster: its flags come first, yours override them. "

@@ -18,10 +18,10 @@ tightest gap, 1:1), so that "the same fast devices" holds; a slow device gets sh
 small caps need long CFS periods (``esync.emulation.cgroups.quota_for`` grows them up to 1 s);
 ``cap_table`` says where a device's cap becomes coarse against its iteration.
 
-The report, ``OUT/sweep.md``: one table (time to --target per row and gap, median and range
+The report, ``OUT/report.md`` (named as the benchmark's): one table (time to --target per row and gap, median and range
 over the repeats), one figure (the same against the gap, log x), ``esync-advise``'s
 predictions from each gap's first ESync run beside the measured times, the caps;
-``OUT/sweep.json`` holds every gap's numbers.
+``OUT/benchmark.json`` holds every gap's numbers.
 """
 from __future__ import annotations
 
@@ -520,7 +520,7 @@ def run(args, command: str, driver: DriverSteps) -> int:
                   iteration_cpu_s=measured or REFERENCE_ITERATION_S,
                   measured=measured is not None, min_run_us=slice_in_force(),
                   started=started, seconds=time.monotonic() - t0, problems=problems)
-    (out / "sweep.md").write_text(text + "\n")
-    (out / "sweep.json").write_text(json.dumps(to_json(plans, results), indent=1) + "\n")
-    print(f"{PROG}: report written to {out / 'sweep.md'}")
+    (out / "report.md").write_text(text + "\n")
+    (out / "benchmark.json").write_text(json.dumps(to_json(plans, results), indent=1) + "\n")
+    print(f"{PROG}: report written to {out / 'report.md'}")
     return 1 if problems else 0
