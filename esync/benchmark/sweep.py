@@ -131,6 +131,7 @@ class GapPlan:
     out: Path
     rows: list[Row]
     tune_jobs: list[Job]
+    confirmations: list[Job]      # the confirming runs tuning will add (their count, budgets)
     tuning: dict | None = None
     jobs: list[Job] | None = None
 
@@ -147,7 +148,9 @@ def build(args, out: Path) -> list[GapPlan]:
         name = ALONE_DIR if gap is None else f"gap{gap:g}"
         rows = alone_rows() if gap is None else cluster_rows()
         found.append(GapPlan(gap=gap, args=g_args, out=out / name, rows=rows,
-                             tune_jobs=plan.tuning_jobs(g_args, out / name, rows)))
+                             tune_jobs=plan.tuning_jobs(g_args, out / name, rows),
+                             confirmations=plan.planned_confirmations(g_args, out / name,
+                                                                      rows)))
     return found
 
 
@@ -337,7 +340,7 @@ def advisor_rows(plans: list[GapPlan], results: dict[str, dict], target: float) 
 
 def describe(args, plans: list[GapPlan], share: float | None) -> list[str]:
     """The plan in words (printed at the start, and in the report)."""
-    tune = sum(len(p.tune_jobs) for p in plans)
+    tune = sum(len(p.tune_jobs) + len(p.confirmations) for p in plans)
     runs = sum(len(p.rows) for p in plans) * args.repeats
     cap = (f"a x1 device capped at {share:g} core at every gap, a slow one at {share:g} / G"
            if share is not None else "no CPU caps (the sleep emulation)")
@@ -349,7 +352,7 @@ def describe(args, plans: list[GapPlan], share: float | None) -> list[str]:
 
 
 def estimate_minutes(args, plans: list[GapPlan]) -> float:
-    jobs = [j for p in plans for j in p.tune_jobs]
+    jobs = [j for p in plans for j in [*p.tune_jobs, *p.confirmations]]
     for p in plans:
         jobs += plan.full_jobs(p.args, p.out, p.rows, [LOOPBACK],
                                {r.group: plan.default_lr(p.args, r) for r in p.rows})
@@ -482,8 +485,9 @@ def run(args, command: str, driver: DriverSteps) -> int:
         return 0
     out.mkdir(parents=True, exist_ok=True)
     started, t0 = datetime.now(), time.monotonic()
-    progress = Progress(sum(len(p.tune_jobs) + len(p.rows) * args.repeats for p in plans))
-    eta = driver.eta([j for p in plans for j in p.tune_jobs])
+    progress = Progress(sum(len(p.tune_jobs) + len(p.confirmations)
+                            + len(p.rows) * args.repeats for p in plans))
+    eta = driver.eta([j for p in plans for j in [*p.tune_jobs, *p.confirmations]])
     cap = StandaloneCap(gap_args(args, None))
     problems: list[str] = []
     previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)
