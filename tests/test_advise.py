@@ -105,7 +105,7 @@ def test_a_device_that_sat_out_is_timed_by_its_warm_up(tmp_path):
 def test_with_a_device_that_sits_out_only_the_first_round_waits_for_it(tmp_path):
     run = advise.read(write_sit_out_run(tmp_path), 0.8)
     p = advise.predict(run, ["vm/cpu0", "vm/cpu1", "vm/cpu2"])
-    # round 1: cpu2's probe (6.25 s / 8 = 0.78125 s) + 0.5 s; 256 samples/s x 0.78125 s + the
+    # round 1: cpu2's probe (6.25 s / 8 = 0.78125 s) + 0.5 s; 256 samples/s x 0.78125 s +
     # cpu1's 128 x 0.5 (carry) = 264. Then rounds of 8 x 0.125 = 1.0 s + 0.5 s of
     # 256 + 64 = 320 samples: ceil(2236 / 320) = 7; 1.28125 + 7 x 1.5 = 11.78125 s.
     assert (p.round_s, p.samples_per_round, p.rounds, p.time_s) == (1.5, 320, 8, 11.78125)

@@ -658,9 +658,7 @@ def subset_argv(args, row: Row, setting: Setting, common: list[str]) -> list[str
     emulation = list(getattr(args, "emulation_argv", []))
     share = cluster_share(args)
     if share is not None:
-        emulation[emulation.index("--emulation") + 1] = "cpu-cap"
-        if "--cpu-share" not in emulation:
-            emulation += ["--cpu-share", f"{share:g}"]
+        emulation = capped(emulation, share)
     argv = ["--workers", str(len(factors)), "--slowdown", ",".join(f"{f:g}" for f in factors),
             *common, "-e", CLUSTER_EVAL, *row.extra, *emulation]
     shown = list(setting.argv)
@@ -673,6 +671,17 @@ def subset_argv(args, row: Row, setting: Setting, common: list[str]) -> list[str
         if len(rates) == args.workers:
             shown[at] = ",".join(rates[i] for i in row.devices)
     return argv + [*shown, "--quiet"]
+
+
+def capped(emulation_argv: list[str], share: float) -> list[str]:
+    """The launcher's emulation flags with every device capped: ``--emulation cpu-cap`` (under
+    ``auto`` it caps nothing where no device is slower than x1) and ``--cpu-share`` where the
+    flags name none."""
+    found = list(emulation_argv)
+    found[found.index("--emulation") + 1] = "cpu-cap"
+    if "--cpu-share" not in found:
+        found += ["--cpu-share", f"{share:g}"]
+    return found
 
 
 def cluster_share(args) -> float | None:

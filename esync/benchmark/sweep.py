@@ -18,8 +18,8 @@ tightest gap, 1:1), so that "the same fast devices" holds; a slow device gets sh
 small caps need long CFS periods (``esync.emulation.cgroups.quota_for`` grows them up to 1 s);
 ``cap_table`` says where a device's cap becomes coarse against its iteration.
 
-The report, ``OUT/report.md`` (named as the benchmark's): one table (time to --target per row and gap, median and range
-over the repeats), one figure (the same against the gap, log x), ``esync-advise``'s
+The report, ``OUT/report.md`` (named as the benchmark's): one table (time to --target per row
+and gap, median and range over the repeats), one figure (the same against the gap, log x), ``esync-advise``'s
 predictions from each gap's first ESync run beside the measured times, the caps;
 ``OUT/benchmark.json`` holds every gap's numbers.
 """
@@ -433,7 +433,7 @@ def resolve(args) -> None:
             check_caps(args.gaps, args.cpu_share)
             args.emulation_argv += ["--cpu-share", f"{args.cpu_share:g}"]
     if args.cpu_share is not None and "--emulation" in args.emulation_argv:
-        args.emulation_argv[args.emulation_argv.index("--emulation") + 1] = "cpu-cap"
+        args.emulation_argv = plan.capped(args.emulation_argv, args.cpu_share)
 
 
 def check_caps(gaps: list[float], share: float) -> None:

@@ -37,9 +37,10 @@ Two policies, chosen per job at ``init``:
     ready): the time this worker would idle at the exchange, which ``--carry`` spends computing.
 
     Devices that sit out (``sitting_out_ranks``, on a job whose workers support it:
-    ``RoundSizing.sit_out``): when a round's first "ready" comes with every device timed, a
-    device whose iteration exceeds ``sit_out`` times the fastest's is told so with its "ready"
-    (``Decision.sit_out``). From its next round on it is left out of ``s``, is "ready" at once
+    ``RoundSizing.sit_out``): a device whose iteration exceeds ``sit_out`` times the fastest
+    timed one's is told so with its "ready" (``Decision.sit_out``): at its first question (its
+    warm-up's c) it sits out that very round, at a round's first "ready" from its next one.
+    From then on it is left out of ``s``, is "ready" at once
     (k = 0) in every round, and the rounds last ``bounded_length``; it never comes back.
 
 ``planned`` (new: one request per worker per round)
