@@ -124,9 +124,9 @@ def test_no_cgroup_is_left_after_a_normal_end(capped_run):
     assert not CfsSlice().saved.exists(), "the kernel's CFS bandwidth slice was not restored"
 
 
-def _start(tmp_path, fashion_data_dir, launchers, *extra):
+def _start(tmp_path, fashion_data_dir, launchers, *extra, batch=8):
     return launchers("-ld", tmp_path / "logs", "-dd", fashion_data_dir, "--quiet", "-m", "sync",
-                     "--workers", 2, "--slowdown", "1,2", "--emulation", "cpu-cap", "-b", 8,
+                     "--workers", 2, "--slowdown", "1,2", "--emulation", "cpu-cap", "-b", batch,
                      *extra)
 
 
@@ -179,7 +179,9 @@ def test_the_cap_holds_a_workers_compute_and_not_its_communication(tmp_path, fas
     controller = _controller_or_skip()
     launchers = Launchers(tmp_path)
     try:
-        proc = _start(tmp_path, fashion_data_dir, launchers, "--max-seconds", 120)
+        # Batches of 64: the operators' work per iteration outweighs Python's (at 8 the main
+        # thread's dispatch and waits outran the capped engine thread on a loaded machine, CI)
+        proc = _start(tmp_path, fashion_data_dir, launchers, "--max-seconds", 120, batch=64)
         groups = _wait_for_groups(controller, proc)
         wait_for_rounds(proc, tmp_path / "logs" / "lenet" / "sync", 3)
         group = groups[0] / "cpu1"

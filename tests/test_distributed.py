@@ -266,8 +266,10 @@ UNEQUAL_ROUNDS, OUTER_GL = 8, 0.7
 # came out equal in all 8 rounds in one full run (the suite, 2026-11-28); and under the dynamic
 # policy the fast worker's iterations also ask the state server (a few ms each), so --carry
 # (which carries only through rounds of two or more iterations) saw one iteration per round
-# throughout (CI). 8x leaves the fast worker several.
-UNEQUAL_SLOWDOWN = "1,8"
+# throughout (CI). 8x leaves the fast worker several. Batches of 32: rounds long enough that the
+# planned policy's first plan (an HTTP round trip from a background thread) arrives within the
+# run on a loaded machine; at 8 every round of a run kept k = 1 (CI).
+UNEQUAL_SLOWDOWN, UNEQUAL_BATCH = "1,8", 32
 
 
 def _float16_sum(rule, deltas, ks):
@@ -285,7 +287,8 @@ OUTER_ADAM_RUN = ("-m", "esync", "--workers", 2, "--policy", "planned",
                   "--slowdown", UNEQUAL_SLOWDOWN, "--aggregation", "sum", "--outer-adam",
                   "--outer-momentum", ADAM_BETA1, "--no-nesterov", "--outer-beta2", ADAM_BETA2,
                   "-gl", ADAM_GL,
-                  "-ll", LR, *ORIGINAL_ROUNDS, "-b", BATCH, "--max-rounds", UNEQUAL_ROUNDS,
+                  "-ll", LR, *ORIGINAL_ROUNDS, "-b", UNEQUAL_BATCH,
+                  "--max-rounds", UNEQUAL_ROUNDS,
                   "-e", 1, "--max-seconds", 0, "--seed", SEED, "--no-evaluator")
 
 
@@ -330,7 +333,7 @@ def unequal_k_run(rule, momentum, nesterov, wire, carry) -> tuple:
             *(["--carry"] if carry else []), "--slowdown", UNEQUAL_SLOWDOWN,
             "--aggregation", rule, "--outer-momentum", momentum,
             "--nesterov" if nesterov else "--no-nesterov", "-gl", OUTER_GL, "-ll", LR,
-            *ORIGINAL_ROUNDS, "-b", BATCH, "--max-rounds", UNEQUAL_ROUNDS, "-e", 1,
+            *ORIGINAL_ROUNDS, "-b", UNEQUAL_BATCH, "--max-rounds", UNEQUAL_ROUNDS, "-e", 1,
             "--max-seconds", 0, "--seed", SEED, "--no-evaluator", "--comm-dtype", wire)
 
 
@@ -673,7 +676,8 @@ def test_low_rank_rounds_are_powersgd_with_error_feedback_on_the_workers_deltas(
     run_cluster(tmp_path, small_data, "-m", "esync", "--policy", "planned", "--workers", 2,
                 "--slowdown", UNEQUAL_SLOWDOWN, "--aggregation", "weighted", "--outer-momentum", 0.5,
                 "--nesterov", "-gl", OUTER_GL, "-ll", LR, *ORIGINAL_ROUNDS,
-                "--low-rank", LOW_RANK, "-b", BATCH, "--max-rounds", LOW_RANK_ROUNDS, "-e", 1,
+                "--low-rank", LOW_RANK, "-b", UNEQUAL_BATCH, "--max-rounds", LOW_RANK_ROUNDS,
+                "-e", 1,
                 "--max-seconds", 0, "--seed", SEED, "--no-evaluator",
                 env={"ESYNC_DUMP_PUSHES": str(dumps)})
     net = models.build("lenet", mx.cpu(), seed=SEED)
@@ -767,7 +771,8 @@ def test_every_rank_holds_the_same_global_model_after_each_round(dumped_runs, va
     policy's i.i.d. preset turns --carry on, so exchange-then-compute and carry-planned are one
     run), and two of their own."""
     base = ("-m", "esync", "--policy", "planned", "--workers", 2, "--slowdown", UNEQUAL_SLOWDOWN,
-            "-ll", LR, "-b", BATCH, "--max-rounds", UNEQUAL_ROUNDS, "-e", 1, "--max-seconds", 0,
+            "-ll", LR, "-b", UNEQUAL_BATCH, "--max-rounds", UNEQUAL_ROUNDS, "-e", 1,
+            "--max-seconds", 0,
             "--seed", SEED, "--no-evaluator")
     nesterov = unequal_k_run("weighted", 0.5, True, "float32", carry=False)
     flags = {"exchange-then-compute": nesterov, "overlap": (*base, "--overlap"),
@@ -942,7 +947,7 @@ def test_scaffold_global_variate_cancels_the_corrections_with_unequal_k(tmp_path
     dumps = tmp_path / "dumps"
     run_cluster(tmp_path, small_data, "-m", "esync", "--workers", 2, "--policy", "planned",
                 "--slowdown", UNEQUAL_SLOWDOWN, "--aggregation", rule, "--scaffold", *NO_OUTER_MOMENTUM,
-                *ORIGINAL_ROUNDS, "-gl", 1, "-ll", LR, "-b", BATCH,
+                *ORIGINAL_ROUNDS, "-gl", 1, "-ll", LR, "-b", UNEQUAL_BATCH,
                 "--max-rounds", UNEQUAL_ROUNDS, "-e", 1, "--max-seconds", 0, "--seed", SEED,
                 "--no-evaluator", env={"ESYNC_DUMP_PUSHES": str(dumps)})
     pushed, held = _dumps(dumps, "esync"), _dumps(dumps, "scaffold")
