@@ -368,6 +368,7 @@ def test_esync_rule_with_unequal_k_is_the_pure_rule_on_the_workers_deltas(
     pushed = _dumps(dumps, "esync")
     if carry:
         _assert_carried_into_the_next_delta(logs, pushed, UNEQUAL_ROUNDS)
+        _assert_checkpoints_count_every_pushed_sample(log_dir, pushed, UNEQUAL_ROUNDS)
 
     def rule_applied(t, rule_name, outer):
         deltas = [_listed(pushed[r, t], "delta") for r in (0, 1)]
@@ -730,6 +731,18 @@ def test_low_rank_rounds_are_powersgd_with_error_feedback_on_the_workers_deltas(
     assert step_error(replayed_sums()) < 1e-3
     assert step_error(replayed_sums(feedback=False)) > 0.05
     assert step_error(replayed_sums(factors=False)) > 0.05
+
+
+def _assert_checkpoints_count_every_pushed_sample(log_dir, pushed, rounds):
+    """A checkpoint's samples (the x axis of accuracy against samples, and the advisor's) are
+    those in the global model: every delta's k full batches, the iterations carried into it
+    included (counting a worker's own iterations alone left out a third of them at 1:1)."""
+    store = CheckpointStore(log_dir / "lenet" / "esync" / "checkpoints")
+    total = 0
+    for t in range(1, rounds + 1):
+        total += UNEQUAL_BATCH * sum(int(pushed[rank, t]["k"]) for rank in (0, 1))
+        meta, _ = store.load(store.path_for(t), network="lenet")
+        assert meta["samples"] == total, (t, meta["samples"], total)
 
 
 def _assert_carried_into_the_next_delta(logs, pushed, rounds, *, some=True, slowest=False):

@@ -374,6 +374,7 @@ class TrainingLoop:
         last_print = 0.0
         round_no = done_rounds
         sat_out = False
+        carried_samples = 0         # --carry: computed during the last exchange, in this delta
         print(f"{self.prefix} training {args.network} in {args.mode} mode, "
               f"{w.num_workers} worker(s), slow-down x{args.slowdown:g}", flush=True)
         while True:
@@ -395,12 +396,15 @@ class TrainingLoop:
                       flush=True)
             self._warn_if_diverged(loss, round_no)
             w.round_k, w.round_c = k, last_c
-            w.samples_this_round = record.num_samples
+            # the delta holds the round's own samples and those carried into it (its k counts both)
+            own_samples = record.num_samples
+            w.samples_this_round = own_samples + carried_samples
             now = time.perf_counter()
             elapsed = now - clock0
             want_stop = self.criteria.reached(round_no, elapsed, now - wall0,
                                               self._latest_accuracy())
             stop = self.algo.aggregate(record, want_stop)
+            carried_samples = record.num_samples - own_samples   # what ran through the exchange
             round_samples = self.algo.global_samples
             total_samples += record.num_samples if round_samples is None else round_samples
             acc = self._evaluate_inline(record, round_no, stop, elapsed)
