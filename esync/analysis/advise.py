@@ -13,26 +13,32 @@ for the whole cluster, for the cluster without each slow device, and for the fas
 
 The model (small on purpose; every number is measured in the run itself):
 
-* **Speed.** Device i computes one iteration in ``t_i`` seconds (its computing seconds over its
-  iterations, emulated slow-down included) and processes ``b_i`` samples per iteration, so
-  ``r_i = b_i / t_i`` samples per second. A device's speed does not depend on who else runs.
+* **Speed.** Device i computes one iteration in ``t_i`` seconds (its computing seconds over the
+  iterations it computed, those carried through an exchange included; emulated slow-down
+  included) and processes ``b_i`` samples per iteration, so ``r_i = b_i / t_i`` samples per
+  second. A device's speed does not depend on who else runs.
 * **Exchange.** One exchange costs ``c`` seconds, the same whoever takes part: the smallest of
   the devices' median aggregation phases (``"global update"`` / ``"global aggregate"``). The
-  device that arrives last waits least, so its phase is the transfer alone; the others' hold
-  their wait for it. Under CPU caps a very slow device's long CFS periods may lengthen ``c``
-  itself, which the model then carries into subsets without that device (a pessimistic
-  estimate for them).
+  device that arrives last waits least, so its phase is the transfer alone.
 * **Rounds, by mode.** ESync: a round computes for one iteration of its slowest device,
   ``L = max t_i``, during which device i processes ``r_i L`` samples; with ``--carry`` every
-  device but the slowest also computes through the exchange (``r_i c`` more). A round lasts
-  ``L + c``. Where the run let devices sit out (``--sit-out-ratio R``, as run.json says), a
-  device over R times the fastest's iteration computes nothing: judged by its warm-up probe
-  (a step on 1/8 of a batch, ``esync_parts.PROBE_DIVISOR``), it holds the first round up for
-  that probe, an eighth of its iteration; later rounds last ``max(max t_i, 8 min t_i)`` over
-  the devices left (``esync_parts.bounded_length``). Such a device has no computed iteration:
-  its speed is its warm-up step's, logged as ``iteration_time``.
-  SSGD: a round is one iteration of every device, ``max t_i + c``, and ``sum b_i``
-  samples. ASGD and DC-ASGD: no rounds, device i adds ``b_i / (t_i + c)`` samples per second.
+  device but the slowest also computes through the exchange (``r_i c`` more). Where the run let
+  devices sit out (``--sit-out-ratio R``, as run.json says), a device over R times the
+  fastest's iteration computes nothing: judged by its warm-up probe (a step on 1/8 of a batch,
+  ``esync_parts.PROBE_DIVISOR``), it holds the first round up for that probe, an eighth of its
+  iteration; later rounds last ``max(max t_i, 8 min t_i)`` over the devices left
+  (``esync_parts.bounded_length``). Such a device has no computed iteration: its speed is its
+  warm-up step's, logged as ``iteration_time``. SSGD: a round is one iteration of every device,
+  ``max t_i``, and ``sum b_i`` samples. ASGD and DC-ASGD: no rounds; device i adds the samples
+  per second it added in the run.
+* **What the rounds cost beyond that, from the run** (``Calibration``). A round of the run
+  lasted ``R`` seconds on average (its round logs' clock), more than the model's length: the
+  exchange, the state server's questions, the outer step and the waits add ``o = R - L`` to
+  every round, whoever takes part. Its rounds held ``f`` times the model's samples (carried
+  iterations, a device that stopped short of a round's end). The run's first round ended ``s``
+  seconds later than a round of the model would have (start-up, the warm-up step). Every
+  subset's rounds last its ``L + o``, hold ``f`` times its model's samples, and the first
+  starts after ``s``: for the run's own devices the prediction is then the run's own pace.
 * **Accuracy.** The test accuracy depends on the samples processed alone, whoever processed them
   and however they were grouped into rounds (i.i.d. shards; no staleness penalty): the run's own
   evaluations give ``S*``, the samples at which it first reached the target (interpolated
@@ -40,13 +46,15 @@ The model (small on purpose; every number is measured in the run itself):
   round, so a round mode reaches the target after ``ceil(S* / samples per round)`` rounds; an
   asynchronous one after ``S* / rate`` seconds.
 
-What it leaves out: start-up, the first round's timing probe, a server link shared by more
-devices, and the accuracy lost to long rounds (the model moves in fewer, larger steps): where a
-slow device makes rounds very long, the measured time is later than predicted.
+What it leaves out: a server link shared by more devices, and the accuracy lost to long rounds
+(the model moves in fewer, larger steps): where a slow device makes rounds very long, the
+measured time is later than predicted. Predictions within ``SAME_SHARE`` of each other are one
+choice (the advice then keeps the device: it adds samples at no measurable cost).
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import statistics
@@ -63,6 +71,9 @@ PROG = "esync-advise"
 ROUND_MODES = ("esync", "sync")
 ASYNC_MODES = ("async", "dcasgd")
 SLOW_RATIO = 1.5      # slow: an iteration this many times longer than the fastest device's
+# Predictions this close are one choice: the spread of one row's repeats in the sweep is wider
+# (docs/results/wide-gaps.md, "The advisor against the sweep").
+SAME_SHARE = 0.05
 NO_LOGS = ("{folder}: no run here: give the mode folder of an earlier run "
            f"(<log dir>/<network>/<mode>, holding <host>/<device>/{runlayout.ROUND_LOG_PATTERN} "
            f"and {runlayout.RUN_FILE}), or the -ld folder of a run")
@@ -80,10 +91,41 @@ class Device:
     iteration_s: float        # computing seconds per iteration
     samples_per_iteration: float
     exchange_s: float         # median aggregation phase per round
+    round_s: float = 0.0      # its rounds' mean length on the training clock
+    first_end_s: float = 0.0  # the training clock at the end of its first round
+    samples: float = 0.0      # samples it computed in the run
+    elapsed_s: float = 0.0    # the training clock at the end of its last round
+    rounds: int = 0           # rounds it logged
+    waits: tuple = ()         # per round, the seconds it did not compute (None: not logged)
+
+    @property
+    def wait_s(self) -> float:
+        """Its median seconds per round not computing (from its second round on)."""
+        known = [w for w in self.waits[1:] if w is not None]
+        return statistics.median(known) if known else self.exchange_s
 
     @property
     def samples_per_s(self) -> float:
         return self.samples_per_iteration / self.iteration_s
+
+    @property
+    def added_per_s(self) -> float:
+        """Samples per second of training it added (what an asynchronous mode sums)."""
+        return self.samples / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What the run's rounds cost beyond the model's compute (see the docstring): ``cost_s``
+    (o) every round pays, ``stretch_s`` (J) the run's rounds lasted longer still, which comes
+    with its slowest devices (``slowest_s``: the model's round length for them), ``fill`` (f)
+    the run's samples per round over the model's, ``start_s`` (s) the first round's lateness.
+    The default: nothing added."""
+    cost_s: float = 0.0
+    stretch_s: float = 0.0
+    slowest_s: float = math.inf
+    fill: float = 1.0
+    start_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -106,6 +148,7 @@ class Run:
     samples_to_target: float
     target: float
     sit_out: float = 0.0      # --sit-out-ratio where it engaged (0: every device waited for)
+    calibration: Calibration = Calibration()
 
 
 # ----------------------------------------------------------------------------- reading a run
@@ -129,10 +172,16 @@ def find_mode_dir(folder: Path) -> Path:
 
 
 def device_of(name: str, entry: dict, batch_size: int) -> Device:
-    iterations = entry.get("k_list") or entry["self_iters_list"]
-    iterations = sum(iterations)
+    # the iterations it computed: each round's own and those it carried through the exchange
+    iterations = sum(entry.get("k_list") or entry["self_iters_list"])
+    iterations += sum(n or 0 for n in entry.get("carried_iterations_list") or [])
     compute = sum(entry["compute_time_list"])
-    exchange_s = statistics.median(entry["aggregate_time_list"])
+    elapsed = entry["elapsed_time_list"]
+    clock = dict(exchange_s=statistics.median(entry["aggregate_time_list"]),
+                 round_s=(elapsed[-1] - elapsed[0]) / (len(elapsed) - 1) if len(elapsed) > 1
+                 else elapsed[0], first_end_s=elapsed[0],
+                 samples=sum(entry["num_samples_list"]), elapsed_s=elapsed[-1],
+                 rounds=len(elapsed), waits=tuple(entry.get("wait_time_list") or ()))
     if iterations <= 0 or compute <= 0:
         # A device that sat out from the start (--sit-out-ratio) computed nothing; its speed is
         # its warm-up step's, which the round logs keep as its latest iteration time.
@@ -140,10 +189,9 @@ def device_of(name: str, entry: dict, batch_size: int) -> Device:
         if not timed:
             raise AdviceError(f"device {name}: its logs hold no computed iteration")
         return Device(name=name, iteration_s=timed[-1], samples_per_iteration=batch_size,
-                      exchange_s=exchange_s)
+                      **clock)
     return Device(name=name, iteration_s=compute / iterations,
-                  samples_per_iteration=sum(entry["num_samples_list"]) / iterations,
-                  exchange_s=exchange_s)
+                  samples_per_iteration=sum(entry["num_samples_list"]) / iterations, **clock)
 
 
 def samples_to(evaluations: dict | None, target: float) -> float:
@@ -187,45 +235,105 @@ def read(folder, target: float) -> Run:
     devices = tuple(device_of(f"{host}/{device}", entry, batch)
                     for host, device, entry in summary_mod.device_entries(summary))
     sit_out = esync_parts.sit_out_ratio(run) if mode == "esync" else 0.0
-    return Run(folder=mode_dir, mode=mode, carry=bool(run.get("carry")), devices=devices,
-               sit_out=sit_out,
-               exchange_s=min(d.exchange_s for d in devices),
-               samples_to_target=samples_to(summary.get("_evaluator"), target), target=target)
+    found = Run(folder=mode_dir, mode=mode, carry=bool(run.get("carry")), devices=devices,
+                sit_out=sit_out, exchange_s=min(d.exchange_s for d in devices),
+                samples_to_target=samples_to(summary.get("_evaluator"), target), target=target)
+    return dataclasses.replace(found, calibration=calibrate(found))
+
+
+def calibrate(run: Run) -> Calibration:
+    """The run's rounds against the model's for its own devices (``Calibration``): every
+    round pays what the device that arrived last did not compute (its exchange, the state
+    server's questions, the outer step: the median over rounds of the least wait); the rest
+    of the run's mean round beyond its model length is the stretch; the fill and the start
+    make the run's own samples per round and first round."""
+    if run.mode in ASYNC_MODES:
+        return Calibration()
+    rounds = min(d.rounds for d in run.devices)
+    least = [min(w) for w in zip(*(d.waits[1:rounds] for d in run.devices))
+             if all(x is not None for x in w)]
+    cost = statistics.median(least) if least else run.exchange_s
+    measured_round = statistics.median(d.round_s for d in run.devices)
+    slowest = model_length(run, run.devices)
+    cal = Calibration(cost_s=cost, stretch_s=max(0.0, measured_round - slowest - cost),
+                      slowest_s=slowest)
+    model = round_plan(run, run.devices, cal)
+    measured_samples = sum(d.samples for d in run.devices) / statistics.median(
+        d.rounds for d in run.devices)
+    if model.samples_per_round <= 0 or measured_samples <= 0:
+        return cal
+    first = model.first_s if model.first_s is not None else model.round_s
+    return dataclasses.replace(
+        cal, fill=measured_samples / model.samples_per_round,
+        start_s=max(0.0, max(d.first_end_s for d in run.devices) - first))
 
 
 # ----------------------------------------------------------------------------- the model
 
+@dataclass(frozen=True)
+class RoundPlan:
+    """A round mode's rounds for some devices: their length and samples, and (ESync with
+    devices that sit out) the first round's, which waits only for the slowest's probe."""
+    round_s: float
+    samples_per_round: float
+    samples_per_s: float          # while computing, over the devices that compute
+    first_s: float | None = None
+    first_samples: float = 0.0
+
+
+def model_length(run: Run, devices) -> float:
+    """The compute of one round: SSGD's slowest iteration; ESync's (bounded while some device
+    sits out)."""
+    if run.mode == "sync":
+        return max(d.iteration_s for d in devices)
+    computing = computing_devices(devices, run.sit_out)
+    return esync_round_length(computing, bounded=len(computing) < len(devices))
+
+
+def round_length(length: float, cal: Calibration) -> float:
+    """A round of ``length`` s of compute: plus the cost every round pays, plus the run's
+    stretch while the round is as long as the run's (it keeps one of the slowest devices)."""
+    keeps_slowest = length * SLOW_RATIO >= cal.slowest_s
+    return length + cal.cost_s + (cal.stretch_s if keeps_slowest else 0.0)
+
+
+def round_plan(run: Run, devices, cal: Calibration) -> RoundPlan:
+    """The rounds of ``run.mode`` on ``devices`` (see the docstring), with ``cal`` applied."""
+    length = model_length(run, devices)
+    round_s = round_length(length, cal)
+    if run.mode == "sync":
+        return RoundPlan(round_s, cal.fill * sum(d.samples_per_iteration for d in devices),
+                         sum(d.samples_per_s for d in devices))
+    computing = computing_devices(devices, run.sit_out)
+    found = RoundPlan(round_s, cal.fill * esync_round_samples(computing, length, round_s,
+                                                              run.carry),
+                      sum(d.samples_per_s for d in computing))
+    if len(computing) == len(devices):
+        return found
+    # The first round lasts until every device has been timed (the slowest's probe), while the
+    # others compute; those judged too slow by it compute nothing.
+    first = max(d.iteration_s for d in devices) / esync_parts.PROBE_DIVISOR
+    first_s = first + cal.cost_s
+    return dataclasses.replace(found, first_s=first_s, first_samples=cal.fill * (
+        esync_round_samples(computing, first, first_s, run.carry)))
+
+
 def predict(run: Run, names) -> Prediction:
     """The predicted time to the target with only the devices ``names`` (see the docstring)."""
     devices = [d for d in run.devices if d.name in set(names)]
-    c = run.exchange_s
-    rate = sum(d.samples_per_s for d in devices)
-    if run.mode in ASYNC_MODES:
-        added = sum(d.samples_per_iteration / (d.iteration_s + c) for d in devices)
-        return Prediction(tuple(d.name for d in devices), rate, None, None, None,
-                          run.samples_to_target / added)
     names = tuple(d.name for d in devices)
-    if run.mode == "sync":
-        slowest = max(devices, key=lambda d: d.iteration_s)
-        round_s = slowest.iteration_s + c
-        per_round = sum(d.samples_per_iteration for d in devices)
-        rounds = math.ceil(run.samples_to_target / per_round - 1e-9)
-        return Prediction(names, rate, round_s, per_round, rounds, rounds * round_s)
-    computing = computing_devices(devices, run.sit_out)
-    first_s, first_samples = 0.0, 0.0
-    if len(computing) < len(devices):
-        # The first round lasts until every device has been timed (the slowest's probe),
-        # while the others compute; those judged too slow by it compute nothing.
-        first = max(d.iteration_s for d in devices) / esync_parts.PROBE_DIVISOR
-        first_s = first + c
-        first_samples = esync_round_samples(computing, first, c, run.carry)
-    length = esync_round_length(computing, bounded=len(computing) < len(devices))
-    per_round = esync_round_samples(computing, length, c, run.carry)
-    left = max(0.0, run.samples_to_target - first_samples)
-    rounds = math.ceil(left / per_round - 1e-9)
-    rate = sum(d.samples_per_s for d in computing)
-    return Prediction(names, rate, length + c, per_round, rounds + (first_s > 0),
-                      first_s + rounds * (length + c))
+    if run.mode in ASYNC_MODES:
+        added = sum(d.added_per_s or d.samples_per_iteration / (d.iteration_s + run.exchange_s)
+                    for d in devices)
+        return Prediction(names, sum(d.samples_per_s for d in devices), None, None, None,
+                          run.samples_to_target / added)
+    cal = run.calibration
+    plan = round_plan(run, devices, cal)
+    left = max(0.0, run.samples_to_target - plan.first_samples)
+    rounds = math.ceil(left / plan.samples_per_round - 1e-9)
+    return Prediction(names, plan.samples_per_s, plan.round_s, plan.samples_per_round,
+                      rounds + (plan.first_s is not None),
+                      cal.start_s + (plan.first_s or 0.0) + rounds * plan.round_s)
 
 
 def computing_devices(devices, sit_out: float) -> list[Device]:
@@ -244,13 +352,16 @@ def esync_round_length(devices, *, bounded: bool) -> float:
     return bounded_length(times) if bounded else max(times)
 
 
-def esync_round_samples(devices, length: float, c: float, carry: bool) -> float:
-    """Samples of one ESync round of ``length`` s: every device computes throughout; with
-    ``--carry`` all but the slowest also through the exchange (``c`` s)."""
-    slowest = max(devices, key=lambda d: d.iteration_s)
-    samples = sum(d.samples_per_s for d in devices) * length
-    if carry:
-        samples += sum(d.samples_per_s for d in devices if d is not slowest) * c
+def esync_round_samples(devices, length: float, round_s: float, carry: bool) -> float:
+    """Samples of one ESync round of ``length`` s of compute lasting ``round_s`` s: the devices
+    whose iteration is about the round's (within ``SLOW_RATIO``) compute through ``length``;
+    with ``--carry`` the faster ones compute through the whole round but what they did not
+    compute in the run's rounds (``Device.wait_s``), else they too stop at ``length``."""
+    samples = 0.0
+    for d in devices:
+        slowest = d.iteration_s * SLOW_RATIO >= length
+        busy = length if slowest or not carry else max(length, round_s - d.wait_s)
+        samples += d.samples_per_s * busy
     return samples
 
 
@@ -293,16 +404,21 @@ def advise(run: Run) -> dict:
         name = label.removeprefix("without ")
         device = next(d for d in run.devices if d.name == name)
         share = device.samples_per_s / whole.samples_per_s
+        include = whole.time_s <= p.time_s * (1 + SAME_SHARE)
         if whole.time_s <= p.time_s:
             why = (f"include {name}: without it {p.time_s:.1f} s, with it {whole.time_s:.1f} s; "
                    f"it adds {share:.1%} of the samples")
+        elif include:
+            why = (f"include {name}: without it {p.time_s:.1f} s, with it {whole.time_s:.1f} s, "
+                   f"within {SAME_SHARE:.0%}: the same to this model; it adds {share:.1%} of "
+                   "the samples")
         else:
             why = (f"leave out {name}: it adds {share:.1%} of the samples but "
                    + (f"its {device.iteration_s:.2f} s iteration sets the rounds' length "
                       f"({whole.round_s:.2f} s against {p.round_s:.2f} s)"
                       if whole.round_s and p.round_s else "its updates cost more than they add")
                    + f": {p.time_s:.1f} s without it against {whole.time_s:.1f} s")
-        verdicts.append({"device": name, "include": whole.time_s <= p.time_s, "why": why})
+        verdicts.append({"device": name, "include": include, "why": why})
     best = min(predictions, key=lambda pair: pair[1].time_s)
     return {"predictions": predictions, "best": best, "verdicts": verdicts}
 

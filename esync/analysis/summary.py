@@ -55,6 +55,7 @@ EXTRA_LIST_KEYS = {
     "bytes_pulled": "bytes_pulled_list",
     "state_requests": "state_requests_list",
     "iteration_time": "iteration_time_list",
+    "carried_iterations": "carried_iterations_list",
 }
 EXTRA_SCALAR_KEYS = ("slowdown", "rank")
 

@@ -6,9 +6,11 @@
 
 Per gap G the cluster is two x1 devices and two devices at G:1 (``gap_factors``). Rows on the
 whole cluster: ESync under the launcher's defaults (no aggregation flags: what a user gets),
-SSGD, ASGD and DC-ASGD; rows without the slow devices: the fast devices alone (SSGD with
-momentum 0.9 on the two x1 devices: the strongest "leave them out" row of issue 58) and one
-device alone. Every row is tuned as the benchmark tunes (``driver.tune``: the grid, widened,
+SSGD, ASGD and DC-ASGD; rows without the slow devices: the fast devices alone (ESync under
+its defaults, which the advisor's prediction "the fast devices alone" is checked against, and
+SSGD with momentum 0.9 on the two x1 devices: the strongest "leave them out" row of issue 58)
+and one device alone. ``--modes`` keeps the rows of its modes (``--modes esync``: ESync's two
+rows, the advisor's check). Every row is tuned as the benchmark tunes (``driver.tune``: the grid, widened,
 confirmed), the whole-cluster rows at every gap, the rows without slow devices once (they do
 not change with the gap). The full runs are interleaved: repeat 1 of every row at every gap,
 then repeat 2, ...
@@ -51,6 +53,7 @@ FAST_FACTORS = (1.0, 1.0)       # the fast devices, the same at every gap
 SLOW_DEVICES = 2                # devices at the gap
 CLUSTER_MODES = ("esync", "sync", "async", "dcasgd")
 FAST_ALONE = "sync-fast"        # SSGD on the fast devices alone
+ESYNC_FAST_ALONE = "esync-fast" # ESync on them: the advisor's prediction without the slow ones
 FAST_ALONE_MOMENTUM = 0.9       # the issue's strongest row without the slow devices
 ALONE_DIR = "alone"             # the rows without slow devices: run once, shown at every gap
 COARSE_SHARE = 0.1              # a cap is coarse when its granularity exceeds this share
@@ -89,24 +92,34 @@ def sweep_share(gaps: list[float], cores: float,
     return min(cgroups.default_share(gap_factors(g), cores, reserve) for g in gaps)
 
 
-def cluster_rows() -> list[Row]:
-    """The rows on the whole cluster, each its own tuning group."""
-    found = [Row(name="esync", label="ESync (the launcher's defaults)", mode="esync",
-                 split=0, group="esync")]
-    for name in CLUSTER_MODES[1:]:
-        found.append(Row(name=name, label=modes.get(name).label, mode=name, split=0,
-                         group=name))
+def cluster_rows(mode_list=CLUSTER_MODES) -> list[Row]:
+    """The rows on the whole cluster of ``mode_list``'s modes, each its own tuning group."""
+    found = []
+    for name in CLUSTER_MODES:
+        if name not in mode_list:
+            continue
+        label = "ESync (the launcher's defaults)" if name == "esync" else modes.get(name).label
+        found.append(Row(name=name, label=label, mode=name, split=0, group=name))
     return found
 
 
-def alone_rows() -> list[Row]:
-    """The rows without the slow devices: they are the same at every gap."""
+def alone_rows(mode_list=(*CLUSTER_MODES, modes.STANDALONE)) -> list[Row]:
+    """The rows without the slow devices (they are the same at every gap): ESync under its
+    defaults on the fast devices (what the advisor's "the fast devices alone" predicts), SSGD
+    with momentum on them, one device alone; those of ``mode_list``'s modes."""
     fast = ("--momentum", f"{FAST_ALONE_MOMENTUM:g}")
-    return [Row(name=FAST_ALONE, label=f"SSGD, momentum {FAST_ALONE_MOMENTUM:g}, the fast "
-                                       "devices alone", mode="sync", split=0, extra=fast,
-                group=FAST_ALONE),
-            Row(name=modes.STANDALONE, label=modes.get(modes.STANDALONE).label,
-                mode=modes.STANDALONE, split=0, group=modes.STANDALONE)]
+    found = []
+    if "esync" in mode_list:
+        found.append(Row(name=ESYNC_FAST_ALONE, label="ESync, the fast devices alone",
+                         mode="esync", split=0, group=ESYNC_FAST_ALONE))
+    if "sync" in mode_list:
+        found.append(Row(name=FAST_ALONE, label=f"SSGD, momentum {FAST_ALONE_MOMENTUM:g}, the "
+                                                "fast devices alone", mode="sync", split=0,
+                         extra=fast, group=FAST_ALONE))
+    if modes.STANDALONE in mode_list:
+        found.append(Row(name=modes.STANDALONE, label=modes.get(modes.STANDALONE).label,
+                         mode=modes.STANDALONE, split=0, group=modes.STANDALONE))
+    return found
 
 
 def gap_args(args, gap: float | None) -> argparse.Namespace:
@@ -146,7 +159,7 @@ def build(args, out: Path) -> list[GapPlan]:
     for gap in [None, *args.gaps]:
         g_args = gap_args(args, gap)
         name = ALONE_DIR if gap is None else f"gap{gap:g}"
-        rows = alone_rows() if gap is None else cluster_rows()
+        rows = alone_rows(args.mode_list) if gap is None else cluster_rows(args.mode_list)
         found.append(GapPlan(gap=gap, args=g_args, out=out / name, rows=rows,
                              tune_jobs=plan.tuning_jobs(g_args, out / name, rows),
                              confirmations=plan.planned_confirmations(g_args, out / name,
@@ -310,32 +323,62 @@ def draw(plans: list[GapPlan], results: dict[str, dict], target: float, out: Pat
 
 
 def advisor_rows(plans: list[GapPlan], results: dict[str, dict], target: float) -> list[str]:
-    """Per gap, ``esync-advise`` on the first ESync run against what the sweep measured: the
-    whole cluster (ESync's median) and the fast devices alone (the advisor predicts ESync on
-    them; the sweep's row is SSGD with momentum), and its advice."""
+    """Per gap, ``esync-advise`` on each of its ESync runs (the median of their predictions)
+    against what the sweep measured: the whole cluster against ESync's median, the fast devices
+    alone against ESync's row on them (when it ran), each with its error; and its advice."""
     from esync.analysis import advise
-    lines = [f"| gap | predicted, every device | measured, ESync | predicted, fast devices "
-             f"alone | measured, fast devices alone | advice |",
-             "| --- | ---: | ---: | ---: | ---: | --- |"]
+    lines = ["| gap | predicted, every device | measured, ESync | error | predicted, fast "
+             "devices alone | measured, ESync on them | error | advice |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    alone = results_alone(plans, results)
     for p in plans[1:]:
         rows = results[p.name]["rows"]
-        measured = [stats.time_cell(rows.get(name, {}).get("time"), p.args.budget)
-                    for name in ("esync", FAST_ALONE)]
-        job = next((j for j in p.jobs or [] if j.row.name == "esync" and j.ok), None)
-        try:
-            if job is None:
-                raise advise.AdviceError("no ESync run finished")
-            advice = advise.advise(advise.read(job.folder, target))
-        except advise.AdviceError as exc:
-            lines.append(f"| {p.gap:g}:1 | {exc} | {measured[0]} | | {measured[1]} | |")
+        whole_measured = rows.get("esync", {}).get("time")
+        predictions, failures = [], []
+        for job in [j for j in p.jobs or [] if j.row.name == "esync" and j.ok]:
+            try:
+                predictions.append(advise.advise(advise.read(job.folder, target)))
+            except advise.AdviceError as exc:
+                failures.append(str(exc))
+        if not predictions:
+            reason = failures[0] if failures else "no ESync run finished"
+            lines.append(f"| {p.gap:g}:1 | {reason} | "
+                         f"{stats.time_cell(whole_measured, p.args.budget)} | | | | | |")
             continue
-        by_label = {label: prediction for label, prediction in advice["predictions"]}
-        whole = by_label["every device"].time_s
-        fast = by_label.get("the fast devices alone")
-        lines.append(f"| {p.gap:g}:1 | {whole:.1f} | {measured[0]} | "
-                     f"{'-' if fast is None else f'{fast.time_s:.1f}'} | {measured[1]} | "
-                     f"fastest: {advice['best'][0]} |")
+        whole = stats.median([by_label(a, "every device") for a in predictions])
+        fast = stats.median([t for t in (by_label(a, "the fast devices alone")
+                                         for a in predictions) if t is not None])
+        verdicts = sorted({("include" if v["include"] else "leave out") + " " + v["device"]
+                           for a in predictions for v in a["verdicts"]})
+        lines.append(f"| {p.gap:g}:1 | {whole:.1f} | "
+                     f"{stats.time_cell(whole_measured, p.args.budget)} | "
+                     f"{error_cell(whole, whole_measured)} | "
+                     f"{'-' if fast is None else f'{fast:.1f}'} | "
+                     f"{stats.time_cell(alone, p.args.budget) if alone else '-'} | "
+                     f"{error_cell(fast, alone)} | {'; '.join(verdicts) or '-'} |")
     return lines
+
+
+def results_alone(plans: list[GapPlan], results: dict[str, dict]):
+    """ESync's time on the fast devices alone (the same at every gap), or None."""
+    for p in plans[1:]:
+        found = results[p.name]["rows"].get(ESYNC_FAST_ALONE, {}).get("time")
+        if found is not None:
+            return found
+    return None
+
+
+def by_label(advice: dict, label: str) -> float | None:
+    return next((p.time_s for name, p in advice["predictions"] if name == label), None)
+
+
+def error_cell(predicted: float | None, measured) -> str:
+    """(predicted - measured) / measured, from the measured median; '-' where either is
+    missing or the row did not reach the target."""
+    if predicted is None or measured is None or not measured.values \
+            or measured.median == stats.INF:
+        return "-"
+    return f"{(predicted - measured.median) / measured.median:+.0%}"
 
 
 def describe(args, plans: list[GapPlan], share: float | None) -> list[str]:
@@ -372,9 +415,9 @@ def render(args, plans, results, share, *, command: str, figure: Path | None,
     if figure is not None:
         L += [f"![time to target against the gap]({figure.relative_to(Path(args.out))})", ""]
     L += ["## The advisor against the sweep", "",
-          f"`esync-advise` on each gap's first ESync run (time to {args.target:g}, s): its "
-          "prediction for the whole cluster against ESync's measured median, and for the fast "
-          "devices alone (ESync on them) against the sweep's fast-devices row.", "",
+          f"`esync-advise` on each of a gap's ESync runs (time to {args.target:g}, s; the "
+          "median of its predictions): for the whole cluster against ESync's measured median, "
+          "and for the fast devices alone against ESync's measured median on them.", "",
           *advisor_rows(plans, results, args.target), ""]
     L += ["## Learning rates", ""]
     for p in plans:
@@ -424,6 +467,10 @@ def resolve(args) -> None:
     caps nothing where no device is slower than x1 (gap 1, the fast devices alone), and those
     rows would compute on whole cores beside capped ones."""
     args.gaps = parse_gaps(args.gap_sweep)
+    if not cluster_rows(args.mode_list):
+        raise UsageError(f"argument --modes: the sweep runs {', '.join(CLUSTER_MODES)} on the "
+                         f"whole cluster, and --modes {','.join(args.mode_list)} has none of "
+                         "them")
     if args.cpu_share is not None:
         check_caps(args.gaps, args.cpu_share)
     if args.emulation_argv and args.emulation != "sleep" and args.cpu_share is None:
