@@ -12,15 +12,18 @@ from esync.analysis import advise
 BATCH = 16
 # host/device: (slow-down, iterations per round, computing seconds per round, "global update" s)
 DEVICES = {"cpu0": (1, 8, 1.0, 0.5), "cpu1": (1, 8, 1.0, 0.5), "cpu2": (8, 1, 1.0, 0.25)}
-ROUNDS = 2
+ROUNDS = 3
+ROUND_S = 1.5          # every round's length on the training clock, for every device
 # accuracy against global samples: 0.8 is crossed at 1000 + 2000 * 0.3 / 0.4 = 2500 samples
-EVALUATIONS = [(1, 1.25, 0.5, 1000), (2, 2.5, 0.9, 3000)]
+EVALUATIONS = [(1, 1.5, 0.5, 1000), (2, 3.0, 0.9, 3000)]
 
 
-def write_logs(root, devices, run, evaluations=EVALUATIONS):
+def write_logs(root, devices, run, evaluations=EVALUATIONS, *, round_s=ROUND_S, start_s=0.0,
+               wait_s=None):
     """``root/lenet/esync``: the devices' round logs (host/device: (slow-down, iterations per
-    round, computing s per round, "global update" s, logged iteration time or None)), the
-    evaluator's records and ``run`` as run.json."""
+    round, computing s per round, "global update" s, logged iteration time or None)), rounds of
+    ``round_s`` after ``start_s`` of start-up, each device's wait the round's time it did not
+    compute (or ``wait_s``), the evaluator's records and ``run`` as run.json."""
     mode_dir = root / "lenet" / "esync"
     for device, (slowdown, k, compute, update, iteration) in devices.items():
         folder = mode_dir / "vm" / device
@@ -29,8 +32,9 @@ def write_logs(root, devices, run, evaluations=EVALUATIONS):
             phases = {str(i): {"forward and backward": compute / k} for i in range(k)}
             phases[str(k)] = {"check ready": 0.01, "global update": update}
             record = {"num_iters": n, "time": phases, "num_samples": k * BATCH,
-                      "total_time": n * (compute + update), "k": k, "compute_time": compute,
-                      "slowdown": slowdown}
+                      "total_time": start_s + n * round_s, "k": k, "compute_time": compute,
+                      "slowdown": slowdown, "carried_iterations": 0,
+                      "wait_time": round_s - compute if wait_s is None else wait_s}
             if iteration is not None:
                 record["iteration_time"] = iteration
             (folder / f"iter-{n}.txt").write_text(json.dumps(record))
@@ -41,16 +45,26 @@ def write_logs(root, devices, run, evaluations=EVALUATIONS):
     return mode_dir
 
 
-def write_run(root, mode="esync", carry=True, evaluations=EVALUATIONS):
+def write_run(root, mode="esync", carry=True, evaluations=EVALUATIONS, devices=None, **clock):
     """Three devices (``DEVICES``) in ``mode``."""
-    return write_logs(root, {d: (*v, None) for d, v in DEVICES.items()},
-                      {"mode": mode, "carry": carry, "use_dcasgd": 0}, evaluations)
+    return write_logs(root, {d: (*v, None) for d, v in (devices or DEVICES).items()},
+                      {"mode": mode, "carry": carry, "use_dcasgd": 0}, evaluations, **clock)
 
 
 def test_a_devices_speed_is_its_samples_over_its_computing_seconds(tmp_path):
     run = advise.read(write_run(tmp_path), 0.8)
     assert {d.name: d.samples_per_s for d in run.devices} == {
         "vm/cpu0": 128.0, "vm/cpu1": 128.0, "vm/cpu2": 16.0}
+
+
+def test_the_iterations_carried_through_an_exchange_count_in_a_devices_speed(tmp_path):
+    mode_dir = write_run(tmp_path)
+    for path in (mode_dir / "vm" / "cpu0").glob("iter-*.txt"):
+        record = json.loads(path.read_text())     # 8 own and 2 carried iterations in 1.25 s
+        record.update(carried_iterations=2, num_samples=10 * BATCH, compute_time=1.25)
+        path.write_text(json.dumps(record))
+    cpu0 = advise.read(mode_dir, 0.8).devices[0]
+    assert (cpu0.iteration_s, cpu0.samples_per_s) == (0.125, 128.0)
 
 
 def test_the_exchange_is_the_shortest_median_aggregation_phase(tmp_path):
@@ -66,24 +80,67 @@ def test_the_ldfolder_of_a_run_finds_its_mode_folder(tmp_path):
     assert advise.read(tmp_path, 0.8).folder == tmp_path / "lenet" / "esync"
 
 
+def test_every_round_pays_what_the_device_that_arrived_last_did_not_compute(tmp_path):
+    # waits per round: cpu0 and cpu1 1.5 - 1.0, cpu2 1.5 - 1.0: the least, 0.5 s
+    cal = advise.read(write_run(tmp_path), 0.8).calibration
+    assert (cal.cost_s, cal.stretch_s, cal.slowest_s, cal.fill, cal.start_s) == (
+        0.5, 0.0, 1.0, 1.0, 0.0)
+
+
+def test_rounds_longer_than_their_compute_and_cost_are_the_slowest_devices_stretch(tmp_path):
+    # rounds of 2.0 s, waits of 0.5 s: 2.0 - 1.0 (cpu2's iteration) - 0.5 = 0.5 s of stretch,
+    # which a subset keeps while it keeps cpu2 and loses without it
+    run = advise.read(write_run(tmp_path, round_s=2.0, wait_s=0.5), 0.8)
+    assert (run.calibration.cost_s, run.calibration.stretch_s) == (0.5, 0.5)
+    assert advise.predict(run, ["vm/cpu0", "vm/cpu1", "vm/cpu2"]).round_s == 2.0
+    assert advise.predict(run, ["vm/cpu1", "vm/cpu2"]).round_s == 2.0
+    assert advise.predict(run, ["vm/cpu0", "vm/cpu1"]).round_s == 0.125 + 0.5
+
+
+def test_the_first_rounds_lateness_is_the_start(tmp_path):
+    run = advise.read(write_run(tmp_path, start_s=0.75), 0.8)
+    assert run.calibration.start_s == 0.75
+    assert advise.predict(run, ["vm/cpu0", "vm/cpu1", "vm/cpu2"]).time_s == 0.75 + 10 * 1.5
+
+
 def test_esync_on_every_device_rounds_up_to_whole_rounds_of_one_slowest_iteration(tmp_path):
     run = advise.read(write_run(tmp_path), 0.8)
     p = advise.predict(run, ["vm/cpu0", "vm/cpu1", "vm/cpu2"])
-    # a round: 1.0 s (cpu2's iteration) + 0.25 s; 272 samples/s x 1.0 s + the fast devices'
-    # 256 samples/s through the 0.25 s exchange (carry) = 336; ceil(2500 / 336) = 8 rounds
-    assert (p.round_s, p.samples_per_round, p.rounds, p.time_s) == (1.25, 336, 8, 10.0)
+    # a round: 1.0 s (cpu2's iteration) + 0.5 s; cpu2 computes its 1.0 s (16 samples), the
+    # fast devices (carry) the round but their 0.5 s waits: 2 x 128 x 1.0; 272 samples, as the
+    # run's rounds held (fill 1); ceil(2500 / 272) = 10 rounds
+    assert (p.round_s, p.samples_per_round, p.rounds, p.time_s) == (1.5, 272, 10, 15.0)
 
 
 def test_esync_without_the_slow_device_runs_short_rounds(tmp_path):
     run = advise.read(write_run(tmp_path), 0.8)
     p = advise.predict(run, ["vm/cpu0", "vm/cpu1"])
-    # 0.125 + 0.25 s rounds of 256 x 0.125 + 128 x 0.25 = 64 samples: 40 rounds
-    assert (p.round_s, p.samples_per_round, p.rounds, p.time_s) == (0.375, 64, 40, 15.0)
+    # 0.125 + 0.5 s rounds; both devices are now the slowest: one iteration each, 32 samples;
+    # ceil(2500 / 32) = 79 rounds
+    assert (p.round_s, p.samples_per_round, p.rounds, p.time_s) == (0.625, 32, 79, 49.375)
+
+
+def test_a_runs_fill_scales_every_subsets_samples(tmp_path):
+    # cpu0 and cpu1 computed 12 iterations (1.5 s) of each 2.0 s round though they logged 1.0 s
+    # of waits: the run's rounds held 2 x 192 + 16 = 400 samples, the model's 2 x 128 x
+    # (2.0 - 1.0) + 16 = 272; every subset's rounds hold 400 / 272 of the model's
+    devices = {**DEVICES, "cpu0": (1, 12, 1.5, 0.5), "cpu1": (1, 12, 1.5, 0.5)}
+    run = advise.read(write_run(tmp_path, devices=devices, round_s=2.0, wait_s=1.0), 0.8)
+    assert run.calibration.fill == pytest.approx(400 / 272)
+    assert advise.predict(run, ["vm/cpu0", "vm/cpu1", "vm/cpu2"]).samples_per_round \
+        == pytest.approx(400)
+    assert advise.predict(run, ["vm/cpu0", "vm/cpu1"]).samples_per_round \
+        == pytest.approx(32 * 400 / 272)
 
 
 def test_esync_advice_includes_a_slow_device_that_saves_time(tmp_path):
     advice = advise.advise(advise.read(write_run(tmp_path), 0.8))
     assert [(v["device"], v["include"]) for v in advice["verdicts"]] == [("vm/cpu2", True)]
+
+
+def test_predictions_within_five_percent_keep_the_device():
+    assert advise.keeps(10.4, 10.0) and advise.keeps(9.0, 10.0)
+    assert not advise.keeps(10.6, 10.0)
 
 
 def write_sit_out_run(root):
@@ -104,40 +161,47 @@ def test_a_device_that_sat_out_is_timed_by_its_warm_up(tmp_path):
 
 def test_with_a_device_that_sits_out_only_the_first_round_waits_for_it(tmp_path):
     run = advise.read(write_sit_out_run(tmp_path), 0.8)
+    # cost 0.5 (the fast devices' waits); rounds of 8 x 0.125 = 1.0 s of compute + 0.5 s; the
+    # first: cpu2's probe (6.25 s / 8 = 0.78125 s) + 0.5 s, which the run's 1.5 s first round
+    # outlasted by 0.21875 s (the start)
+    assert (run.calibration.cost_s, run.calibration.start_s) == (0.5, 0.21875)
     p = advise.predict(run, ["vm/cpu0", "vm/cpu1", "vm/cpu2"])
-    # round 1: cpu2's probe (6.25 s / 8 = 0.78125 s) + 0.5 s; 256 samples/s x 0.78125 s +
-    # cpu1's 128 x 0.5 (carry) = 264. Then rounds of 8 x 0.125 = 1.0 s + 0.5 s of
-    # 256 + 64 = 320 samples: ceil(2236 / 320) = 7; 1.28125 + 7 x 1.5 = 11.78125 s.
-    assert (p.round_s, p.samples_per_round, p.rounds, p.time_s) == (1.5, 320, 8, 11.78125)
+    # round 1: 2 x 128 x 0.78125 = 200 samples; then 2 x 128 x (1.5 - 0.5) = 256 a round:
+    # ceil(2300 / 256) = 9; 0.21875 + 1.28125 + 9 x 1.5 = 15.0 s
+    assert (p.round_s, p.samples_per_round, p.rounds, p.time_s) == (1.5, 256, 10, 15.0)
     alone = advise.predict(run, ["vm/cpu0", "vm/cpu1"])
-    # Without it, rounds of one 0.125 s iteration + 0.5 s of 32 + 64 = 96: ceil(2500 / 96) = 27
-    assert (alone.round_s, alone.rounds, alone.time_s) == (0.625, 27, 16.875)
+    # Without it, rounds of one 0.125 s iteration + 0.5 s of 32 samples: ceil(2500 / 32) = 79
+    assert (alone.round_s, alone.rounds, alone.time_s) == (0.625, 79, 0.21875 + 79 * 0.625)
+
+
+SYNC_DEVICES = {"cpu0": (1, 1, 0.125, 0.5), "cpu1": (1, 1, 0.125, 0.5), "cpu2": (8, 1, 1.0, 0.25)}
 
 
 def test_sync_rounds_are_one_iteration_of_every_device(tmp_path):
-    run = advise.read(write_run(tmp_path, mode="sync", carry=False), 0.8)
+    run = advise.read(write_run(tmp_path, mode="sync", carry=False, devices=SYNC_DEVICES), 0.8)
     p = advise.predict(run, ["vm/cpu0", "vm/cpu1", "vm/cpu2"])
-    # 48 samples per 1.25 s round: ceil(2500 / 48) = 53 rounds
-    assert (p.samples_per_round, p.rounds, p.time_s) == (48, 53, pytest.approx(66.25))
+    # 48 samples per 1.0 + 0.5 s round (cpu2 waited least: 1.5 - 1.0): ceil(2500 / 48) = 53
+    assert (p.samples_per_round, p.rounds, p.time_s) == (48, 53, pytest.approx(79.5))
 
 
 def test_sync_advice_leaves_out_the_slow_device_that_costs_time(tmp_path):
-    advice = advise.advise(advise.read(write_run(tmp_path, mode="sync", carry=False), 0.8))
-    # without cpu2: 32 samples per 0.375 s: 79 rounds, 29.6 s against 66.25 s
+    run = advise.read(write_run(tmp_path, mode="sync", carry=False, devices=SYNC_DEVICES), 0.8)
+    advice = advise.advise(run)
+    # without cpu2: 32 samples per 0.125 + 0.5 s: 79 rounds, 49.4 s against 79.5 s
     assert [(v["device"], v["include"]) for v in advice["verdicts"]] == [("vm/cpu2", False)]
 
 
-def test_asgd_adds_each_devices_batch_per_iteration_and_exchange(tmp_path):
+def test_asgd_adds_the_samples_per_second_each_device_added(tmp_path):
     run = advise.read(write_run(tmp_path, mode="async", carry=False), 0.8)
     p = advise.predict(run, ["vm/cpu0", "vm/cpu1", "vm/cpu2"])
-    # 2 x 16 / 0.375 + 16 / 1.25 = 98.13 samples/s
-    assert p.time_s == pytest.approx(2500 / (2 * 16 / 0.375 + 16 / 1.25))
+    # 3 rounds of 128, 128 and 16 samples in 4.5 s
+    assert p.time_s == pytest.approx(2500 / ((128 + 128 + 16) * 3 / 4.5))
 
 
 def test_the_command_line_predicts_without_a_named_device(tmp_path, capsys):
     assert advise.main([str(write_run(tmp_path)), "--target", "0.8", "--without", "cpu2",
                         "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["time_s"] == 15.0
+    assert json.loads(capsys.readouterr().out)["time_s"] == 49.375
 
 
 def test_a_folder_without_logs_is_a_clear_error(tmp_path, capsys):

@@ -393,6 +393,11 @@ def subsets(run: Run) -> list[tuple[str, list[str]]]:
     return found
 
 
+def keeps(with_s: float, without_s: float) -> bool:
+    """Include a device unless the time without it is shorter by more than ``SAME_SHARE``."""
+    return with_s <= without_s * (1 + SAME_SHARE)
+
+
 def advise(run: Run) -> dict:
     """Every subset's prediction, the fastest, and per slow device: include it or not, why."""
     predictions = [(label, predict(run, names)) for label, names in subsets(run)]
@@ -404,7 +409,7 @@ def advise(run: Run) -> dict:
         name = label.removeprefix("without ")
         device = next(d for d in run.devices if d.name == name)
         share = device.samples_per_s / whole.samples_per_s
-        include = whole.time_s <= p.time_s * (1 + SAME_SHARE)
+        include = keeps(whole.time_s, p.time_s)
         if whole.time_s <= p.time_s:
             why = (f"include {name}: without it {p.time_s:.1f} s, with it {whole.time_s:.1f} s; "
                    f"it adds {share:.1%} of the samples")
