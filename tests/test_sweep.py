@@ -110,7 +110,23 @@ def test_every_cluster_run_is_capped_even_where_no_device_is_slower_than_x1(data
 def test_each_row_is_tuned_at_every_gap(data_dir, tmp_path):
     plans = sweep.build(sweep_args(data_dir, tmp_path, "--tune-lr", "0.001,0.003"),
                         tmp_path / "o")
-    assert [len(p.tune_jobs) for p in plans] == [6, 8, 8, 8]
+    # ESync 2 rates; SSGD, ASGD and DC-ASGD 2 rates x momentum 0 and 0.9; without the slow
+    # devices 3 rows x 2 rates
+    assert [len(p.tune_jobs) for p in plans] == [6, 14, 14, 14]
+
+
+def test_the_whole_clusters_baselines_are_tuned_with_and_without_momentum(data_dir, tmp_path):
+    """ESync's outer step has momentum, so SSGD, ASGD and DC-ASGD get the benchmark's momentum
+    axis (fair comparisons); SSGD on the fast devices alone keeps its fixed 0.9."""
+    plans = sweep.build(sweep_args(data_dir, tmp_path, "--tune-lr", "0.003"), tmp_path / "o")
+    momenta = {}
+    for job in plans[1].tune_jobs:
+        momenta.setdefault(job.row.name, set()).add(
+            flag(job.argv, "--momentum") if "--momentum" in job.argv else "0")
+    assert momenta["esync"] == {"0"}
+    assert {momenta[m] == {"0", "0.9"} for m in ("sync", "async", "dcasgd")} == {True}
+    assert {flag(j.argv, "--momentum") for j in plans[0].tune_jobs
+            if j.row.name == sweep.FAST_ALONE} == {"0.9"}
 
 
 def test_the_full_runs_interleave_the_gaps_repeat_by_repeat(data_dir, tmp_path):

@@ -10,9 +10,10 @@ SSGD, ASGD and DC-ASGD; rows without the slow devices: the fast devices alone (E
 its defaults, which the advisor's prediction "the fast devices alone" is checked against, and
 SSGD with momentum 0.9 on the two x1 devices: the strongest "leave them out" row of issue 58)
 and one device alone. ``--modes`` keeps the rows of its modes (``--modes esync``: ESync's two
-rows, the advisor's check). Every row is tuned as the benchmark tunes (``driver.tune``: the grid, widened,
-confirmed), the whole-cluster rows at every gap, the rows without slow devices once (they do
-not change with the gap). The full runs are interleaved: repeat 1 of every row at every gap,
+rows, the advisor's check). Every row is tuned as the benchmark tunes (``driver.tune``: the
+grid, widened, confirmed; SSGD, ASGD and DC-ASGD on the whole cluster over ``--tune-momentum``
+too, since ESync's outer step has momentum), the whole-cluster rows at every gap, the rows
+without slow devices once (they do not change with the gap). The full runs are interleaved: repeat 1 of every row at every gap,
 then repeat 2, ...
 
 Every x1 device has the same CPU cap at every gap (``sweep_share``: the largest that fits the
@@ -131,8 +132,12 @@ def gap_args(args, gap: float | None) -> argparse.Namespace:
     copy.slowdown = factors_text(factors)
     copy.splits, copy.scenario_list, copy.net_list = [0], ["static"], ["loopback"]
     copy.sync_cap_seconds = args.budget       # every row within the budget: no Table 1 runs
-    # the sweep's own rows: its fast devices alone, no momentum axis, no Horovod rows
-    copy.momentum_grid, copy.fast_list, copy.horovod_rows = [0.0], [], False
+    # the sweep's own rows without the slow devices (SSGD's with its fixed momentum), no
+    # Horovod rows; on the whole cluster SSGD, ASGD and DC-ASGD are tuned over --tune-momentum
+    # as in the benchmark, since ESync's outer step has momentum
+    copy.fast_list, copy.horovod_rows = [], False
+    if gap is None:
+        copy.momentum_grid = [0.0]
     return copy
 
 
