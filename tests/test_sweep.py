@@ -242,3 +242,14 @@ def test_the_advisor_table_sets_each_gaps_median_prediction_against_the_measured
     assert cells[1][3] == "-"                         # not reached: no error
     assert cells[2][3] == "+0%"
     assert cells[0][7] == "include vm/cpu2; include vm/cpu3"
+
+
+def test_the_full_runs_take_each_rows_tuned_momentum(data_dir, tmp_path):
+    args = sweep_args(data_dir, tmp_path, "--repeats", "1")
+    plans = sweep.build(args, tmp_path / "o")
+    rates = {p.name: {r.group: 0.003 for r in p.rows} for p in plans}
+    jobs = sweep.full_jobs(plans, rates, {"gap16": {"async": 0.9}})
+    momentum = {(j.root.parent.parent.parent.name, j.row.name):
+                flag(j.argv, "--momentum") if "--momentum" in j.argv else "0" for j in jobs}
+    assert momentum["gap16", "async"] == "0.9"
+    assert momentum["gap1", "async"] == momentum["gap16", "sync"] == "0"

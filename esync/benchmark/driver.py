@@ -209,7 +209,8 @@ def main(argv=None) -> int:
     if args.gap_sweep:
         from esync.benchmark import sweep
         return sweep.run(args, command, sweep.DriverSteps(
-            tune=tune, run_all=_run_all, eta=Eta, chosen_rates=chosen_rates))
+            tune=tune, run_all=_run_all, eta=Eta, chosen_rates=chosen_rates,
+            chosen_momenta=chosen_momenta))
     out = Path(args.out).resolve()
     args.out = str(out)
     started, t0 = datetime.now(), time.monotonic()

@@ -172,11 +172,14 @@ def build(args, out: Path) -> list[GapPlan]:
     return found
 
 
-def full_jobs(plans: list[GapPlan], rates: dict[str, dict[str, float]]) -> list[Job]:
-    """Every full run, interleaved: repeat 1 of every row at every gap, then repeat 2, ..."""
+def full_jobs(plans: list[GapPlan], rates: dict[str, dict[str, float]],
+              momenta: dict[str, dict[str, float]] | None = None) -> list[Job]:
+    """Every full run at its row's tuned rate and momentum (``momenta``: per gap, per row
+    group; none: 0), interleaved: repeat 1 of every row at every gap, then repeat 2, ..."""
     per_plan = []
     for p in plans:
-        p.jobs = plan.full_jobs(p.args, p.out, p.rows, [LOOPBACK], rates[p.name])
+        p.jobs = plan.full_jobs(p.args, p.out, p.rows, [LOOPBACK], rates[p.name],
+                                (momenta or {}).get(p.name))
         per_plan.append(p.jobs)
     repeats = plans[0].args.repeats
     return [j for rep in range(1, repeats + 1) for jobs in per_plan for j in jobs if j.rep == rep]
@@ -424,11 +427,13 @@ def render(args, plans, results, share, *, command: str, figure: Path | None,
           "median of its predictions): for the whole cluster against ESync's measured median, "
           "and for the fast devices alone against ESync's measured median on them.", "",
           *advisor_rows(plans, results, args.target), ""]
-    L += ["## Learning rates", ""]
+    L += ["## Learning rates", "",
+          "Each row's rate and momentum: the tuning's best pair" if any(p.tuning for p in plans)
+          else "Each row's rate: -l/-ll (no tuning)", ""]
     for p in plans:
-        chosen = ", ".join(f"{g} {e['lr']:g}" for g, e in (p.tuning or {}).items()
-                           if e.get("lr") is not None) or "-l/-ll (no tuning)"
-        L.append(f"- {p.name}: {chosen}")
+        pairs = plan.chosen_pairs(p.args, p.rows, p.tuning)
+        L.append(f"- {p.name}: " + ", ".join(
+            f"{g} {lr:g}" + (f" (momentum {m:g})" if m else "") for g, (lr, m) in pairs.items()))
     L += ["", "## CPU caps", ""]
     if share is None:
         L.append("No caps ran (the sleep emulation): a device's slow-down is a sleep, exact.")
@@ -506,6 +511,7 @@ class DriverSteps:
     run_all: Callable        # (jobs, progress, timeout, eta)
     eta: Callable            # (jobs) -> an Eta
     chosen_rates: Callable   # (args, rows, tuning) -> {group: rate}
+    chosen_momenta: Callable  # (args, rows, tuning) -> {group: momentum}
 
 
 def _stop_on_sigterm(*_):
@@ -549,7 +555,8 @@ def run(args, command: str, driver: DriverSteps) -> int:
                 p.tune_jobs, p.tuning = driver.tune(p.args, p.out, p.rows, p.tune_jobs,
                                                     progress, eta, cap)
             rates = {p.name: driver.chosen_rates(p.args, p.rows, p.tuning) for p in plans}
-            jobs = full_jobs(plans, rates)
+            momenta = {p.name: driver.chosen_momenta(p.args, p.rows, p.tuning) for p in plans}
+            jobs = full_jobs(plans, rates, momenta)
             eta.left += sum(eta.of(j) for j in jobs)
             cap.apply(jobs)
             driver.run_all(jobs, progress, args.job_timeout, eta)
