@@ -431,9 +431,13 @@ def advise(run: Run) -> dict:
 # ----------------------------------------------------------------------------- command line
 
 def render(run: Run, advice: dict) -> list[str]:
+    cal = run.calibration
     L = [f"{PROG}: {run.folder} ({run.mode}{', carry' if run.carry else ''}): "
          f"{len(run.devices)} devices; {run.samples_to_target:.0f} samples reached "
          f"{run.target:g}; one exchange {run.exchange_s:.3f} s",
+         f"from the run's rounds: {cal.cost_s:.3f} s a round beyond compute, "
+         f"{cal.stretch_s:.3f} s more with its slowest devices, {cal.fill:.2f} of the modelled "
+         f"samples a round, {cal.start_s:.2f} s of start-up", "",
          "| device | iteration (s) | samples/s |", "| --- | ---: | ---: |"]
     L += [f"| {d.name} | {d.iteration_s:.4g} | {d.samples_per_s:.1f} |" for d in run.devices]
     L += ["", "| devices | samples/s | round (s) | rounds | predicted time to "
