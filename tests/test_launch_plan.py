@@ -193,6 +193,20 @@ def test_startup_gets_its_own_allowance_before_the_first_round():
     assert watch.stalled(now=101)
 
 
+def test_a_worker_before_its_first_round_keeps_the_startup_allowance_after_others_ended():
+    """ASGD at 300:1: the fast workers trained for their budget and stopped; a slow one is
+    still in its first iteration, which the start-up allowance covers; after it, a stall."""
+    watch = StallWatch(timeout=10, startup=100, now=0)
+    watch.observe({"fast": (0, 0.0), "slow": (0, 0.0)}, now=0)
+    watch.observe({"fast": (5, 20.0), "slow": (0, 0.0)}, now=20)
+    assert not watch.stalled(now=60)
+    assert watch.stalled(now=101)
+    done = StallWatch(timeout=10, startup=100, now=0)      # every worker has had a round
+    done.observe({"fast": (0, 0.0), "slow": (0, 0.0)}, now=0)
+    done.observe({"fast": (5, 20.0), "slow": (1, 20.0)}, now=20)
+    assert done.stalled(now=31)
+
+
 def test_logs_left_by_an_earlier_run_are_not_progress_but_rewritten_rounds_are():
     watch = StallWatch(timeout=10, startup=0, now=0)
     watch.observe({"w0": (7, 100.0)}, now=0)           # a resumed job: 7 rounds on disk

@@ -78,7 +78,9 @@ class StallWatch:
     Pure bookkeeping (feed it scans with the time), so it is tested without processes. A round
     counts when a worker's log count or newest log time changes, so the rounds a resumed job
     re-runs (and rewrites) count too. Before the first round of this start, the limit is at least
-    ``startup`` seconds: importing MXNet, loading data and the ps-lite rendezvous come first.
+    ``startup`` seconds: importing MXNet, loading data and the ps-lite rendezvous come first;
+    and while some worker has not finished its first round, the job is not stalled before
+    ``startup`` seconds either.
     """
 
     def __init__(self, timeout: float | None, startup: float, now: float):
@@ -119,7 +121,12 @@ class StallWatch:
         return limit if self.any_round else max(limit, self.startup)
 
     def stalled(self, now: float) -> bool:
-        return now - self.last_progress > self.limit()
+        if now - self.last_progress <= self.limit():
+            return False
+        # A worker yet to finish its first round of this start has the start-up allowance: a
+        # very slow device's first iteration may outlast the others' training (ASGD, 300:1).
+        waiting = any(name not in self.last_change for name in self.seen or {})
+        return not (waiting and now - self.started <= self.startup)
 
     def idle(self, name: str, now: float) -> float:
         """Seconds since worker ``name`` last finished a round (or since the start)."""
