@@ -13,8 +13,8 @@ and one device alone. ``--modes`` keeps the rows of its modes (``--modes esync``
 rows, the advisor's check). Every row is tuned as the benchmark tunes (``driver.tune``: the
 grid, widened, confirmed; SSGD, ASGD and DC-ASGD on the whole cluster over ``--tune-momentum``
 too, since ESync's outer step has momentum), the whole-cluster rows at every gap, the rows
-without slow devices once (they do not change with the gap). The full runs are interleaved: repeat 1 of every row at every gap,
-then repeat 2, ...
+without slow devices once (they do not change with the gap). The full runs are interleaved:
+repeat 1 of every row at every gap, then repeat 2, ...
 
 Every x1 device has the same CPU cap at every gap (``sweep_share``: the largest that fits the
 tightest gap, 1:1), so that "the same fast devices" holds; a slow device gets share / G. Such
@@ -22,9 +22,9 @@ small caps need long CFS periods (``esync.emulation.cgroups.quota_for`` grows th
 ``cap_table`` says where a device's cap becomes coarse against its iteration.
 
 The report, ``OUT/report.md`` (named as the benchmark's): one table (time to --target per row
-and gap, median and range over the repeats), one figure (the same against the gap, log x), ``esync-advise``'s
-predictions from each gap's first ESync run beside the measured times, the caps;
-``OUT/benchmark.json`` holds every gap's numbers.
+and gap, median and range over the repeats), one figure (the same against the gap, log x),
+``esync-advise``'s predictions from each gap's ESync runs beside the measured times, each row's
+rate and momentum, the caps; ``OUT/benchmark.json`` holds every gap's numbers.
 """
 from __future__ import annotations
 
