@@ -367,6 +367,15 @@ def test_aggregations_parse_into_row_names_labels_and_flags():
             options.parse_aggregations(bad)
 
 
+def test_a_tuning_run_lasts_a_quarter_of_the_budget_unless_given(data_dir, tmp_path):
+    """The tuning horizon follows the runs it tunes: 10 s chose a worse rate for 60 s runs."""
+    longer = args_for(data_dir, tmp_path, "--budget", "60")
+    assert (longer.tune_budget, longer.byclass_tune_budget) == (15.0, 60.0)
+    assert "--tune-budget 15 " in options.canonical_command(longer)
+    given = args_for(data_dir, tmp_path, "--budget", "60", "--tune-budget", "10")
+    assert (given.tune_budget, given.byclass_tune_budget) == (10.0, 40.0)
+
+
 def test_defaults(data_dir, tmp_path, full_launcher):
     args = args_for(data_dir, tmp_path)
     assert (args.target, args.table1_target, args.policy) == (0.85, 0.80, "dynamic")
