@@ -174,6 +174,23 @@ def test_with_a_device_that_sits_out_only_the_first_round_waits_for_it(tmp_path)
     assert (alone.round_s, alone.rounds, alone.time_s) == (0.625, 79, 0.21875 + 79 * 0.625)
 
 
+def test_a_subset_whose_rounds_hold_far_fewer_iterations_comes_with_a_caveat(tmp_path):
+    run = advise.read(write_sit_out_run(tmp_path), 0.8)
+    advice = advise.advise(run)
+    steps = {label: p.local_steps for label, p in advice["predictions"]}
+    # every device: the fast ones compute through 1.5 - 0.5 s of a round, 8 iterations of
+    # 0.125 s; alone, rounds of one iteration each: 8 times fewer, a caveat
+    assert steps == {"every device": 8.0, "without vm/cpu2": 1.0}
+    assert [c.split(":")[0] for c in advice["caveats"]] == ["without vm/cpu2"]
+    assert "caveat: without vm/cpu2: its fastest device's iterations a round: about 1, against the run's 8;" in "\n".join(
+        advise.render(run, advice))
+
+
+def test_sync_rounds_of_one_iteration_whoever_runs_carry_no_caveat(tmp_path):
+    run = advise.read(write_run(tmp_path, mode="sync", carry=False, devices=SYNC_DEVICES), 0.8)
+    assert advise.advise(run)["caveats"] == []
+
+
 SYNC_DEVICES = {"cpu0": (1, 1, 0.125, 0.5), "cpu1": (1, 1, 0.125, 0.5), "cpu2": (8, 1, 1.0, 0.25)}
 
 

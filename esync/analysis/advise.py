@@ -46,9 +46,11 @@ The model (small on purpose; every number is measured in the run itself):
   round, so a round mode reaches the target after ``ceil(S* / samples per round)`` rounds; an
   asynchronous one after ``S* / rate`` seconds.
 
-What it leaves out: a server link shared by more devices, and the accuracy lost to long rounds
-(the model moves in fewer, larger steps): where a slow device makes rounds very long, the
-measured time is later than predicted. Predictions within ``SAME_SHARE`` of each other are one
+What it leaves out: a server link shared by more devices, and how the samples a model needs
+depend on their grouping into rounds: where a slow device makes rounds very long, the measured
+time is later than predicted; where a subset's rounds hold far fewer iterations than the run's
+(``STEPS_CHANGE``; the fast devices alone, one iteration a round, against the run's eight), it
+may need more samples than the run did, and the advice says so in a caveat. Predictions within ``SAME_SHARE`` of each other are one
 choice (the advice then keeps the device: it adds samples at no measurable cost).
 """
 from __future__ import annotations
@@ -74,6 +76,9 @@ SLOW_RATIO = 1.5      # slow: an iteration this many times longer than the faste
 # Predictions this close are one choice: the spread of one row's repeats in the sweep is wider
 # (docs/results/wide-gaps.md, "The advisor against the sweep").
 SAME_SHARE = 0.05
+# A subset whose rounds hold this many times fewer (or more) iterations than the run's is
+# trained by steps the run did not measure: its prediction comes with a caveat.
+STEPS_CHANGE = 2.0
 NO_LOGS = ("{folder}: no run here: give the mode folder of an earlier run "
            f"(<log dir>/<network>/<mode>, holding <host>/<device>/{runlayout.ROUND_LOG_PATTERN} "
            f"and {runlayout.RUN_FILE}), or the -ld folder of a run")
@@ -136,6 +141,7 @@ class Prediction:
     samples_per_round: float | None
     rounds: int | None
     time_s: float
+    local_steps: float | None = None   # its fastest device's iterations a round (None: no rounds)
 
 
 @dataclass(frozen=True)
@@ -279,6 +285,7 @@ class RoundPlan:
     samples_per_s: float          # while computing, over the devices that compute
     first_s: float | None = None
     first_samples: float = 0.0
+    local_steps: float = 1.0      # the fastest device's iterations a round
 
 
 def model_length(run: Run, devices) -> float:
@@ -305,9 +312,12 @@ def round_plan(run: Run, devices, cal: Calibration) -> RoundPlan:
         return RoundPlan(round_s, cal.fill * sum(d.samples_per_iteration for d in devices),
                          sum(d.samples_per_s for d in devices))
     computing = computing_devices(devices, run.sit_out)
+    fastest = min(computing, key=lambda d: d.iteration_s)
     found = RoundPlan(round_s, cal.fill * esync_round_samples(computing, length, round_s,
                                                               run.carry),
-                      sum(d.samples_per_s for d in computing))
+                      sum(d.samples_per_s for d in computing),
+                      local_steps=busy_s(fastest, length, round_s, run.carry)
+                      / fastest.iteration_s)
     if len(computing) == len(devices):
         return found
     # The first round lasts until every device has been timed (the slowest's probe), while the
@@ -333,7 +343,8 @@ def predict(run: Run, names) -> Prediction:
     rounds = math.ceil(left / plan.samples_per_round - 1e-9)
     return Prediction(names, plan.samples_per_s, plan.round_s, plan.samples_per_round,
                       rounds + (plan.first_s is not None),
-                      cal.start_s + (plan.first_s or 0.0) + rounds * plan.round_s)
+                      cal.start_s + (plan.first_s or 0.0) + rounds * plan.round_s,
+                      plan.local_steps)
 
 
 def computing_devices(devices, sit_out: float) -> list[Device]:
@@ -357,12 +368,13 @@ def esync_round_samples(devices, length: float, round_s: float, carry: bool) -> 
     whose iteration is about the round's (within ``SLOW_RATIO``) compute through ``length``;
     with ``--carry`` the faster ones compute through the whole round but what they did not
     compute in the run's rounds (``Device.wait_s``), else they too stop at ``length``."""
-    samples = 0.0
-    for d in devices:
-        slowest = d.iteration_s * SLOW_RATIO >= length
-        busy = length if slowest or not carry else max(length, round_s - d.wait_s)
-        samples += d.samples_per_s * busy
-    return samples
+    return sum(d.samples_per_s * busy_s(d, length, round_s, carry) for d in devices)
+
+
+def busy_s(device: Device, length: float, round_s: float, carry: bool) -> float:
+    """The seconds ``device`` computes in an ESync round (``esync_round_samples``)."""
+    slowest = device.iteration_s * SLOW_RATIO >= length
+    return length if slowest or not carry else max(length, round_s - device.wait_s)
 
 
 def slow_devices(run: Run) -> list[Device]:
@@ -425,7 +437,25 @@ def advise(run: Run) -> dict:
                    + f": {p.time_s:.1f} s without it against {whole.time_s:.1f} s")
         verdicts.append({"device": name, "include": include, "why": why})
     best = min(predictions, key=lambda pair: pair[1].time_s)
-    return {"predictions": predictions, "best": best, "verdicts": verdicts}
+    return {"predictions": predictions, "best": best, "verdicts": verdicts,
+            "caveats": caveats(whole, predictions[1:])}
+
+
+def caveats(whole: Prediction, others) -> list[str]:
+    """Subsets whose rounds hold a number of iterations the run's did not (``STEPS_CHANGE``):
+    the samples to the target were measured on the run's rounds, and how many a model needs
+    depends on how its samples are grouped into rounds, which this model leaves out."""
+    if not whole.local_steps:
+        return []
+    found = []
+    for label, p in others:
+        if p.local_steps and max(p.local_steps / whole.local_steps,
+                                 whole.local_steps / p.local_steps) >= STEPS_CHANGE:
+            found.append(f"{label}: its fastest device's iterations a round: about "
+                         f"{p.local_steps:.3g}, against the run's {whole.local_steps:.3g}; the "
+                         "samples to the target were measured on the run's rounds, so this "
+                         "prediction is the least certain (docs/guide/advisor.md)")
+    return found
 
 
 # ----------------------------------------------------------------------------- command line
@@ -448,6 +478,7 @@ def render(run: Run, advice: dict) -> list[str]:
         rounds = "-" if p.rounds is None else str(p.rounds)
         L.append(f"| {label} | {p.samples_per_s:.1f} | {round_s} | {rounds} | {p.time_s:.1f} |")
     L += [""] + [v["why"] for v in advice["verdicts"]]
+    L += [f"caveat: {c}" for c in advice["caveats"]]
     L.append(f"fastest: {advice['best'][0]} ({advice['best'][1].time_s:.1f} s)")
     return L
 
@@ -489,7 +520,8 @@ def main(argv=None) -> int:
             lines = render(run, advice)
             data = {"predictions": [{"label": label, **vars(p)}
                                     for label, p in advice["predictions"]],
-                    "verdicts": advice["verdicts"], "best": advice["best"][0]}
+                    "verdicts": advice["verdicts"], "best": advice["best"][0],
+                    "caveats": advice["caveats"]}
     except AdviceError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
