@@ -21,7 +21,8 @@ README_MOST_LINES = 250
 DOCS_MOST_BYTES = 10 * 1024 * 1024
 DOCS_MOST_FILES = 400
 EVIDENCE_REPORTS_AT_MOST = 15           # besides the canonical reports (CANONICAL_REPORTS)
-CANONICAL_REPORTS = ("benchmark", "benchmark-sweep")   # esync-benchmark, and with --gap-sweep
+# esync-benchmark; with --gap-sweep; with --testbed esync-journal
+CANONICAL_REPORTS = ("benchmark", "benchmark-sweep", "benchmark-journal")
 REPORT_FILES = re.compile(r"report\.md|benchmark\.json|figures/[^/]+\.png")
 
 
