@@ -79,6 +79,7 @@ SAME_SHARE = 0.05
 # A subset whose rounds hold this many times fewer (or more) iterations than the run's is
 # trained by steps the run did not measure: its prediction comes with a caveat.
 STEPS_CHANGE = 2.0
+FAST_ALONE = "the fast devices alone"       # the subset without every slow device
 NO_LOGS = ("{folder}: no run here: give the mode folder of an earlier run "
            f"(<log dir>/<network>/<mode>, holding <host>/<device>/{runlayout.ROUND_LOG_PATTERN} "
            f"and {runlayout.RUN_FILE}), or the -ld folder of a run")
@@ -401,7 +402,7 @@ def subsets(run: Run) -> list[tuple[str, list[str]]]:
     found = [("every device", everyone)]
     found += [(f"without {n}", [m for m in everyone if m != n]) for n in slow]
     if len(slow) > 1:
-        found.append(("the fast devices alone", [m for m in everyone if m not in slow]))
+        found.append((FAST_ALONE, [m for m in everyone if m not in slow]))
     return found
 
 

@@ -339,6 +339,7 @@ def advisor_rows(plans: list[GapPlan], results: dict[str, dict], target: float) 
              "devices alone | measured, ESync on them | error | advice |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     alone = results_alone(plans, results)
+    caveated = False
     for p in plans[1:]:
         rows = results[p.name]["rows"]
         whole_measured = rows.get("esync", {}).get("time")
@@ -354,17 +355,28 @@ def advisor_rows(plans: list[GapPlan], results: dict[str, dict], target: float) 
                          f"{stats.time_cell(whole_measured, p.args.budget)} | | | | | |")
             continue
         whole = stats.median([by_label(a, "every device") for a in predictions])
-        fast = stats.median([t for t in (by_label(a, "the fast devices alone")
+        fast = stats.median([t for t in (by_label(a, advise.FAST_ALONE)
                                          for a in predictions) if t is not None])
         verdicts = sorted({("include" if v["include"] else "leave out") + " " + v["device"]
                            for a in predictions for v in a["verdicts"]})
+        mark = CAVEAT_MARK if any(c.startswith(f"{advise.FAST_ALONE}:") for a in predictions
+                                  for c in a["caveats"]) else ""
+        caveated = caveated or bool(mark)
         lines.append(f"| {p.gap:g}:1 | {whole:.1f} | "
                      f"{stats.time_cell(whole_measured, p.args.budget)} | "
                      f"{error_cell(whole, whole_measured)} | "
-                     f"{'-' if fast is None else f'{fast:.1f}'} | "
+                     f"{'-' if fast is None else f'{fast:.1f}{mark}'} | "
                      f"{stats.time_cell(alone, p.args.budget) if alone else '-'} | "
                      f"{error_cell(fast, alone)} | {'; '.join(verdicts) or '-'} |")
+    if caveated:
+        lines += ["", f"{CAVEAT_MARK} with the advisor's caveat: on the fast devices alone a "
+                      "round holds at least twice as few (or as many) iterations of the fastest "
+                      "device as in the gap's runs, so the samples to the target it needs were "
+                      "not measured: the least certain prediction."]
     return lines
+
+
+CAVEAT_MARK = "†"
 
 
 def results_alone(plans: list[GapPlan], results: dict[str, dict]):
