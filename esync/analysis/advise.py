@@ -50,8 +50,9 @@ What it leaves out: a server link shared by more devices, and how the samples a 
 depend on their grouping into rounds: where a slow device makes rounds very long, the measured
 time is later than predicted; where a subset's rounds hold far fewer iterations than the run's
 (``STEPS_CHANGE``; the fast devices alone, one iteration a round, against the run's eight), it
-may need more samples than the run did, and the advice says so in a caveat. Predictions within ``SAME_SHARE`` of each other are one
-choice (the advice then keeps the device: it adds samples at no measurable cost).
+may need more samples than the run did, and the advice says so in a caveat. Predictions
+within ``SAME_SHARE`` of each other are one choice (the advice then keeps the device: it adds
+samples at no measurable cost).
 """
 from __future__ import annotations
 

@@ -370,8 +370,8 @@ def advisor_rows(plans: list[GapPlan], results: dict[str, dict], target: float) 
                      f"{error_cell(fast, alone)} | {'; '.join(verdicts) or '-'} |")
     if caveated:
         lines += ["", f"{CAVEAT_MARK} with the advisor's caveat: on the fast devices alone a "
-                      "round holds at least twice as few (or as many) iterations of the fastest "
-                      "device as in the gap's runs, so the samples to the target it needs were "
+                      f"round holds at least {advise.STEPS_CHANGE:g}x fewer (or more) iterations of "
+                      "the fastest device than in the gap's runs, so the samples to the target it needs were "
                       "not measured: the least certain prediction."]
     return lines
 
