@@ -236,6 +236,9 @@ def _listed(arrays, name):
     return [arrays[f"{name}.{i}"] for i in range(sum(n.startswith(name + ".") for n in arrays))]
 
 
+REPLAY_TOLERANCE = 1e-4   # a replay of the rule matches rank 0's checkpoint to within this
+
+
 def _rel_error(got, want):
     return max(float(np.max(np.abs(g - w)) / (np.max(np.abs(w)) + 1e-12))
                for g, w in zip(got, want))
@@ -318,7 +321,7 @@ def test_esync_outer_adam_is_fedadam_on_the_workers_deltas(dumped_runs):
 
     right = aggregate.OuterOptimizer(beta1, adam=True, beta2=beta2)
     for t in range(2, UNEQUAL_ROUNDS + 1):
-        assert _rel_error(models_[t], replay(t, right)) < 1e-4, t
+        assert _rel_error(models_[t], replay(t, right)) < REPLAY_TOLERANCE, t
     for wrong in (aggregate.OuterOptimizer(beta1), aggregate.OuterOptimizer(
             beta1, adam=True, beta2=0.9)):
         assert max(_rel_error(models_[t], replay(t, wrong))
@@ -389,13 +392,16 @@ def test_esync_rule_with_unequal_k_is_the_pure_rule_on_the_workers_deltas(
                if pushed[0, t]["k"] != pushed[1, t]["k"]]
     assert unequal, {t: (int(pushed[0, t]["k"]), int(pushed[1, t]["k"])) for t in models_}
     for t in range(2, UNEQUAL_ROUNDS + 1):
-        assert _rel_error(models_[t], rule_applied(t, rule, right)) < 1e-4, t
+        assert _rel_error(models_[t], rule_applied(t, rule, right)) < REPLAY_TOLERANCE, t
     wrong = {"mean rule": lambda t: rule_applied(t, "mean", right)}
     if momentum:
         wrong["heavy-ball momentum"] = lambda t: rule_applied(
             t, rule, aggregate.OuterOptimizer(momentum, not nesterov))
     for name, replay in wrong.items():
-        assert max(_rel_error(models_[t], replay(t)) for t in unequal) > 1e-2, name
+        # ten times the right rule's tolerance: with --carry the two k can be close (9 and 8),
+        # and then the mean rule is near the weighted one, though never within the tolerance
+        assert max(_rel_error(models_[t], replay(t)) for t in unequal) > 10 * REPLAY_TOLERANCE, (
+            name, {t: (int(pushed[0, t]["k"]), int(pushed[1, t]["k"])) for t in unequal})
 
 
 def test_sync_workers_start_from_rank_zero_model(tmp_path, small_data):
