@@ -101,6 +101,23 @@ def test_a_device_timed_by_its_warm_up_sits_out_before_its_first_iteration():
     assert _fast_iterations_until_ready(job, clock, t=1) == BOUNDED_ROUND_ITERATIONS
 
 
+def test_a_warm_up_probe_is_judged_against_the_others_probes_not_their_iterations():
+    # A probe on a fraction of a batch, scaled up, overstates a step that is partly fixed
+    # cost: here 4x on both devices. A x10 device's probe (4.0) is 40x the fast device's real
+    # iterations (0.1) but 10x its probe (0.4): it is waited for; a x50 device's probe is 50x.
+    for slow_probe, sits_out in ((10 * 0.4, False), (50 * 0.4, True)):
+        clock = FakeClock()
+        job = JobState(num_workers=2, epsilon=0.0, policy="dynamic", clock=clock,
+                       sizing=RoundSizing(sit_out=RATIO * 2))
+        job.decide(0, 0, 0.4, t=1)                 # the fast device's probe, then iterations
+        for k in range(1, 6):
+            clock.advance(FAST_C)
+            job.decide(0, k, FAST_C)
+        answer = job.decide(1, 0, slow_probe, t=1)
+        assert answer.sit_out is sits_out, slow_probe
+        assert answer.ready is sits_out
+
+
 def test_a_device_is_not_judged_at_k_0_while_no_faster_device_is_timed():
     clock = FakeClock()
     job = JobState(num_workers=2, epsilon=0.0, policy="dynamic", clock=clock,

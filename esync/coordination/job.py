@@ -123,6 +123,9 @@ class _Worker:
     # The round from which it sits out (``rules.sitting_out_ranks``; 0: it takes part), told
     # with its "ready" of the round before.
     sit_out_from: int = 0
+    # Its warm-up probe's c, from its first question (0: not asked yet, or lost in a restart):
+    # a probe is judged against the others' probes (``_judged_too_slow``).
+    probe: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -206,10 +209,13 @@ class JobState:
                 self._record_comm(me, d)
                 self._dirty.add(rank)
                 return self._become_ready(me, rank)
+            probing = k == 0 and me.c <= 0            # never timed: c is its warm-up probe's
+            if probing:
+                me.probe = c
             self._record_report(me, k, c, now)
             self._record_comm(me, d)
             self._dirty.add(rank)
-            if k == 0 and self._judged_too_slow(rank):
+            if k == 0 and self._judged_too_slow(rank, by_probes=probing):
                 # Timed before computing (a worker's first question carries its warm-up step's
                 # duration): it sits out this very round, without its first iteration.
                 me.sit_out_from = me.round
@@ -557,12 +563,19 @@ class JobState:
         exchange of the round before may still be under way)."""
         return bool(worker.sit_out_from) and self.current_round >= worker.sit_out_from
 
-    def _judged_too_slow(self, rank: int) -> bool:
+    def _judged_too_slow(self, rank: int, *, by_probes: bool = False) -> bool:
         """Worker ``rank`` (not sitting out yet) is too slow to wait for, by every device's
-        latest c (``rules.sitting_out_ranks``: against the devices timed so far)."""
+        latest c (``rules.sitting_out_ranks``: against the devices timed so far).
+
+        ``by_probes``: its c is its warm-up probe's, judged against the others' probes, not
+        their iterations. A probe times a step on a fraction of a batch and scales it to a
+        whole one, which overstates a step whose cost is partly fixed (lenet at batch 8: 3.1x,
+        docs/ALGORITHM.md): against a fast device's real iterations an 8x device could read as
+        over 32x and sit out for good. Every device's probe is overstated alike."""
         me = self._workers[rank]
+        timings = [w.probe if by_probes else w.c for w in self._workers]
         return (not me.sit_out_from and self.sizing.sit_out > 0 and self.policy == "dynamic"
-                and rank in sitting_out_ranks([w.c for w in self._workers], self.sizing.sit_out)
+                and rank in sitting_out_ranks(timings, self.sizing.sit_out)
                 and self._others_take_part(rank))
 
     def _others_take_part(self, rank: int) -> bool:
