@@ -61,7 +61,8 @@ import esync.benchmark.report as report
 import esync.emulation.shaping as shaping
 import esync.emulation.standalone_cap as emulation
 from esync.benchmark.options import (PROG, UsageError, canonical_command,
-                                     describe_byclass_grid, parse_args, repeat_seeds, sync_cap)
+                                     describe_byclass_grid, parse_args, repeat_seeds, sync_cap,
+                                     write_invocation)
 from esync.benchmark.plan import child_env
 from esync.benchmark.runs import Progress, run_job, tail
 
@@ -244,6 +245,7 @@ def main(argv=None) -> int:
             print(f"[{job.tag}] {shlex.join(plan.display_argv(job.argv))}")
         return 0
     out.mkdir(parents=True, exist_ok=True)
+    write_invocation(args)
     progress = Progress(len(tune_jobs) + len(confirmations) + len(planned))
     if rates is not None:
         measured = rates.get("measured")

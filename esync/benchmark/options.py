@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import re
@@ -614,7 +615,58 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--overwrite", action="store_true",
                    help="reuse a non-empty --out folder: each run's log folder is deleted "
                         "before the run, the report files are replaced")
+    o.add_argument("--resume", action="store_true",
+                   help="continue an interrupted benchmark in --out, given again with the "
+                        "same options: the runs it finished are kept, the others run, then "
+                        "the report is written")
     return parser
+
+
+INVOCATION_FILE = "invocation.json"   # in --out: the options it was started with, and when
+
+
+def given_options(argv: list[str]) -> list[str]:
+    """The command line without the flags that only say how to use --out."""
+    return [a for a in argv if a not in ("--resume", "--overwrite")]
+
+
+def write_invocation(args) -> None:
+    """Record how --out's benchmark was started (kept as it was under --resume)."""
+    path = Path(args.out) / INVOCATION_FILE
+    if not args.resume:
+        path.write_text(json.dumps({"argv": args.given_argv,
+                                    "started": datetime.now().isoformat(timespec="seconds")})
+                        + "\n")
+
+
+def started_at(args) -> datetime | None:
+    """When --out's benchmark was first started (its invocation record), if recorded."""
+    try:
+        return datetime.fromisoformat(
+            json.loads((Path(args.out) / INVOCATION_FILE).read_text())["started"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def check_resume(args) -> None:
+    """--resume continues the benchmark in --out only with the options it was started with:
+    other options would plan other runs, and the report would mix two benchmarks."""
+    if args.overwrite:
+        raise UsageError("--resume and --overwrite exclude each other: --resume keeps the "
+                         "finished runs in --out, --overwrite replaces them")
+    if args.out is None:
+        raise UsageError("--resume needs --out: the folder of the benchmark to continue")
+    path = Path(args.out) / INVOCATION_FILE
+    try:
+        started = json.loads(path.read_text())["argv"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise UsageError(f"--resume: {path} is missing or unreadable, so {args.out} holds no "
+                         "benchmark this version can continue; choose another --out, or "
+                         "--overwrite to start it again") from None
+    if started != args.given_argv:
+        raise UsageError(f"--resume: {args.out} was started as `{shlex.join(started)}`; "
+                         "give the same options with --resume (other options plan other "
+                         "runs), or choose another --out")
 
 
 def with_testbed(argv: list[str]) -> list[str]:
@@ -674,7 +726,10 @@ def parse_args(argv) -> argparse.Namespace:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UsageError(f"argument --out: {out} exists and is not a folder")
-    if out.is_dir() and any(out.iterdir()) and not args.overwrite:
+    args.given_argv = given_options(argv)
+    if args.resume:
+        check_resume(args)
+    elif out.is_dir() and any(out.iterdir()) and not args.overwrite:
         raise UsageError(f"argument --out: {out} already holds files (an earlier benchmark?); "
                          "choose another --out or pass --overwrite")
     own_machines.resolve(args)

@@ -102,6 +102,8 @@ class Job:
     error: str | None = None
     summary: dict | None = field(default=None, repr=False)
     tuning_seed: int = 0      # the grid's seed (a tuning run with another one confirms a rate)
+    resume: bool = False      # --resume: keep this run if an earlier invocation finished it
+    kept: bool = False        # it was kept so (``runs.run_job``), not run now
 
     @property
     def tuning(self) -> bool:
@@ -605,7 +607,8 @@ def _job(args, row, setting, rep, lr, root, budget, log, extended=False,
     return Job(row=row, setting=setting, rep=rep, lr=lr, root=root, folder=folder,
                argv=job_argv(args, row, setting, lr, root, budget, seed=seed,
                              target_accuracy=target),
-               log=log, budget=budget, seed=seed, extended=extended, tuning_seed=args.seed)
+               log=log, budget=budget, seed=seed, extended=extended, tuning_seed=args.seed,
+               resume=getattr(args, "resume", False))
 
 
 def job_argv(args, row: Row, setting: Setting, lr: float, root: Path, budget: float, *,

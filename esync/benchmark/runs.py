@@ -1,6 +1,11 @@
-"""Running the benchmark's subprocesses one after the other, with progress and clean stops."""
+"""Running the benchmark's subprocesses one after the other, with progress and clean stops.
+
+Each finished run leaves a record beside its log (``record_path``: its command, exit code and
+seconds), so that ``--resume`` keeps the runs an interrupted benchmark had finished and runs
+only the others."""
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -8,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 from esync.benchmark.plan import REPO, Job, child_env
@@ -74,9 +80,11 @@ class Progress:
             self._line(f"{self._tag(job)}: {elapsed:.0f}s elapsed ({total:.0f}s in all)")
 
     def end(self, job: Job, left: float | None = None) -> None:
-        verdict = ("done" if job.error is None else f"FAILED: {job.error}")
+        verdict = ("kept from the earlier invocation (--resume)" if job.kept
+                   else "done" if job.error is None else f"FAILED: {job.error}")
         eta = f"; about {left / 60:.0f} min left" if left is not None and left >= 60 else ""
-        self._line(f"{self._tag(job)}: {verdict} after {job.seconds:.0f}s{eta}")
+        took = "" if job.kept else f" after {job.seconds:.0f}s"
+        self._line(f"{self._tag(job)}: {verdict}{took}{eta}")
         if self.bar is not None:
             self.bar.update(1)
 
@@ -105,13 +113,44 @@ def tail(path: Path, lines: int = TAIL_LINES) -> str:
         return "(no output)"
 
 
+def record_path(job: Job) -> Path:
+    """Where a finished run's record lives: beside its log."""
+    return job.log.with_name(job.log.name + ".run.json")
+
+
+def write_record(job: Job) -> None:
+    record = {"argv": job.argv, "returncode": job.returncode, "seconds": job.seconds,
+              "error": job.error, "finished": datetime.now().isoformat(timespec="seconds")}
+    record_path(job).write_text(json.dumps(record) + "\n")
+
+
+def kept_record(job: Job) -> dict | None:
+    """The record of this very run (the same command) that ended well, else None: a run that
+    failed, was stopped midway or had other options runs again."""
+    try:
+        record = json.loads(record_path(job).read_text())
+    except (OSError, ValueError):
+        return None
+    if (not isinstance(record, dict) or record.get("argv") != job.argv
+            or record.get("returncode") != 0 or record.get("error") is not None
+            or not job.folder.is_dir()):
+        return None
+    return record
+
+
 def run_job(job: Job, progress: Progress, timeout: float | None = None) -> None:
-    """Run one mode to its end (or timeout); sets returncode, seconds and error.
+    """Run one mode to its end (or timeout); sets returncode, seconds and error. Under
+    ``--resume`` (``job.resume``) a run whose record says it ended well is kept instead
+    (``job.kept``).
 
     ``timeout`` defaults to twice the run's budget plus 300 s (start-up, evaluation catch-up).
     """
+    if job.resume and (record := kept_record(job)) is not None:
+        job.returncode, job.seconds, job.kept = 0, float(record["seconds"]), True
+        return
     timeout = timeout if timeout is not None else 2 * job.budget + 300
     job.log.parent.mkdir(parents=True, exist_ok=True)
+    record_path(job).unlink(missing_ok=True)
     if job.folder.exists():
         # Only with --overwrite (checked in parse_args): replace this run entirely, so that no
         # earlier record (e.g. an evaluations.jsonl line) can mix into the new one.
@@ -141,3 +180,4 @@ def run_job(job: Job, progress: Progress, timeout: float | None = None) -> None:
         code = proc.returncode
         job.error = (f"exit code {code}" if code >= 0
                      else f"killed by signal {signal.Signals(-code).name}")
+    write_record(job)

@@ -43,7 +43,7 @@ from typing import Callable
 
 import esync.benchmark.metrics as metrics
 import esync.benchmark.plan as plan
-from esync.benchmark import stats
+from esync.benchmark import options, stats
 from esync.benchmark.options import PROG
 from esync.benchmark.plan import LOOPBACK, Job, Row
 from esync.common import modes
@@ -554,6 +554,7 @@ def run(args, command: str, driver: DriverSteps) -> int:
                                   slice_in_force())))
         return 0
     out.mkdir(parents=True, exist_ok=True)
+    options.write_invocation(args)
     started, t0 = datetime.now(), time.monotonic()
     progress = Progress(sum(len(p.tune_jobs) + len(p.confirmations)
                             + len(p.rows) * args.repeats for p in plans))
