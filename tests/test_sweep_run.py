@@ -22,13 +22,18 @@ def swept(tmp_path_factory):
     # learnable stand-in for Fashion-MNIST (one bright bar per class): accuracy rises in seconds
     data = write_fashion_dir(root / "data", train_per_class=100, test_per_class=30)
     out = root / "report"
-    proc = subprocess.run(
-        [sys.executable, "-m", "esync.benchmark", "--gap-sweep", "1,64", "--modes", "esync",
-         "--tune-lr", "none", "-ll", "0.003", "--repeats", "1", "--budget", "8",
-         "--target", str(TARGET), "--emulation", "sleep", "-dd", str(data), "--out", str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=600)
+    proc = sweep(out, data)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out
+
+
+def sweep(out: Path, data: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "esync.benchmark", "--gap-sweep", "1,64", "--modes", "esync",
+         "--tune-lr", "none", "-ll", "0.003", "--repeats", "1", "--budget", "8",
+         "--target", str(TARGET), "--emulation", "sleep", "-dd", str(data), "--out", str(out),
+         *extra],
+        cwd=REPO, capture_output=True, text=True, timeout=600)
 
 
 def test_the_report_has_a_column_per_gap_and_esyncs_two_rows(swept):
@@ -57,3 +62,17 @@ def test_the_advisor_table_predicts_from_each_gaps_esync_run(swept):
     for row in rows:
         float(row[1])              # a prediction, not the reason there is none
     assert rows[1][4] != "-"       # at 64:1 the fast devices alone are a subset
+
+
+def test_a_resumed_sweep_keeps_its_finished_runs_and_writes_the_same_table(swept):
+    """Last in the file: it rewrites the report the tests above read."""
+    before = (swept / "report.md").read_text()
+    proc = sweep(swept, swept.parent / "data", "--resume")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "done after" not in proc.stderr
+    report = (swept / "report.md").read_text()
+    runs = proc.stderr.count("kept from the earlier invocation")
+    assert runs == 3                # ESync at gap 1, at 64, and on the fast devices alone
+    assert f"Resumed (--resume): {runs} of {runs} runs were kept" in report
+    table = before.split("## Time to", 1)[1].split("\n## ", 1)[0]
+    assert table in report

@@ -61,8 +61,8 @@ import esync.benchmark.report as report
 import esync.emulation.shaping as shaping
 import esync.emulation.standalone_cap as emulation
 from esync.benchmark.options import (PROG, UsageError, canonical_command,
-                                     describe_byclass_grid, parse_args, repeat_seeds, sync_cap,
-                                     write_invocation)
+                                     describe_byclass_grid, parse_args, repeat_seeds, started_at,
+                                     sync_cap, write_invocation)
 from esync.benchmark.plan import child_env
 from esync.benchmark.runs import Progress, run_job, tail
 
@@ -214,7 +214,7 @@ def main(argv=None) -> int:
             chosen_momenta=chosen_momenta))
     out = Path(args.out).resolve()
     args.out = str(out)
-    started, t0 = datetime.now(), time.monotonic()
+    started, t0 = (args.resume and started_at(args)) or datetime.now(), time.monotonic()
     rows = plan.rows(args)
     labels = {row.name: row.label for row in rows}
     problems: list[str] = []

@@ -654,8 +654,6 @@ def check_resume(args) -> None:
     if args.overwrite:
         raise UsageError("--resume and --overwrite exclude each other: --resume keeps the "
                          "finished runs in --out, --overwrite replaces them")
-    if args.out is None:
-        raise UsageError("--resume needs --out: the folder of the benchmark to continue")
     path = Path(args.out) / INVOCATION_FILE
     try:
         started = json.loads(path.read_text())["argv"]
@@ -721,6 +719,8 @@ def parse_args(argv) -> argparse.Namespace:
     args.momentum_grid = parse_momentum_grid(args.tune_momentum)
     args.fast_list = parse_fast_devices(args.fast_devices, args.slowdowns)
     resolve_horovod(args)
+    if args.resume and args.out is None:
+        raise UsageError("--resume needs --out: the folder of the benchmark to continue")
     if args.out is None:
         args.out = str(Path("reports") / f"benchmark-{datetime.now():%Y%m%d-%H%M%S}")
     out = Path(args.out)

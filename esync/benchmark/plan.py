@@ -103,7 +103,7 @@ class Job:
     summary: dict | None = field(default=None, repr=False)
     tuning_seed: int = 0      # the grid's seed (a tuning run with another one confirms a rate)
     resume: bool = False      # --resume: keep this run if an earlier invocation finished it
-    kept: bool = False        # it was kept so (``runs.run_job``), not run now
+    kept: str | None = None   # kept so (``runs.run_job``), not run now: when it had finished
 
     @property
     def tuning(self) -> bool:

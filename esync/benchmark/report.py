@@ -23,7 +23,7 @@ from esync.benchmark.options import (SYNC_CAP_BUDGETS, canonical_command, descri
 from esync.benchmark.plan import (CLUSTER_EVAL, CONFIRMED_RATES, FAST_MODES, FAST_SUFFIX,
                                   LENGTHENED_RATES, SHIFTING, STANDALONE_CONFIRMING_SEEDS,
                                   UNDECIDED_SCORE, Job, Setting, display_argv, sync_target)
-from esync.benchmark.runs import tail
+from esync.benchmark.runs import resume_note, tail
 from esync.emulation.shaping import rate_bit_s
 from esync.benchmark.stats import speedup_cell, time_cell, value_cell
 from esync.common.files import atomic_write_text
@@ -781,7 +781,8 @@ def render(args, *, jobs: list[Job], tune_jobs: list[Job], results: dict,
           "the two checkpoints around the crossing (the checkpoint after it is late by up to "
           "a checkpoint interval; benchmark.json keeps it as `time_to_target_checkpoint`)",
           f"- started {started:%Y-%m-%d %H:%M:%S}, took {seconds / 60:.1f} min; "
-          f"Python {platform.python_version()}, {platform.platform()}", ""]
+          f"Python {platform.python_version()}, {platform.platform()}",
+          *([f"- {note}"] if (note := resume_note([*tune_jobs, *jobs])) else []), ""]
     L += network_section(args, _static(settings), shaping)
     L += ["## Command", "", "```", command, "```", "",
           "Every option spelled out (runs the same benchmark again; change `--out`):", "",
@@ -938,6 +939,7 @@ def write_outputs(args, text: str, *, jobs, tune_jobs, results, tuning, shaping,
     data = {
         "command": command, "canonical_command": canonical_command(args),
         "started": started.isoformat(timespec="seconds"), "seconds": round(seconds, 1),
+        "kept_runs": sum(1 for j in [*tune_jobs, *jobs] if j.kept),
         "estimate_s": None if estimate is None else round(estimate["total_s"], 1),
         "config": {"workers": args.workers, "slowdowns": args.slowdowns,
                    "network": args.network, "batch_size": args.batch_size,

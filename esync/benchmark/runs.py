@@ -138,6 +138,17 @@ def kept_record(job: Job) -> dict | None:
     return record
 
 
+def resume_note(jobs) -> str | None:
+    """What a resumed benchmark's report says about its runs: how many were kept from the
+    earlier invocation(s) and when they had finished (None if none was kept)."""
+    kept = sorted(j.kept for j in jobs if j.kept)
+    if not kept:
+        return None
+    return (f"resumed (--resume): {len(kept)} of {len(jobs)} runs were kept from the earlier "
+            f"invocation(s), finished {kept[0]} to {kept[-1]}; the other {len(jobs) - len(kept)} "
+            f"ran in this one, which ended {datetime.now().isoformat(timespec='seconds')}")
+
+
 def run_job(job: Job, progress: Progress, timeout: float | None = None) -> None:
     """Run one mode to its end (or timeout); sets returncode, seconds and error. Under
     ``--resume`` (``job.resume``) a run whose record says it ended well is kept instead
@@ -146,7 +157,8 @@ def run_job(job: Job, progress: Progress, timeout: float | None = None) -> None:
     ``timeout`` defaults to twice the run's budget plus 300 s (start-up, evaluation catch-up).
     """
     if job.resume and (record := kept_record(job)) is not None:
-        job.returncode, job.seconds, job.kept = 0, float(record["seconds"]), True
+        job.returncode, job.seconds = 0, float(record["seconds"])
+        job.kept = str(record.get("finished") or "an earlier invocation")
         return
     timeout = timeout if timeout is not None else 2 * job.budget + 300
     job.log.parent.mkdir(parents=True, exist_ok=True)

@@ -46,6 +46,7 @@ import esync.benchmark.plan as plan
 from esync.benchmark import options, stats
 from esync.benchmark.options import PROG
 from esync.benchmark.plan import LOOPBACK, Job, Row
+from esync.benchmark.runs import resume_note
 from esync.common import modes
 from esync.common.errors import UsageError
 from esync.emulation import cgroups
@@ -425,9 +426,13 @@ def estimate_minutes(args, plans: list[GapPlan]) -> float:
 def render(args, plans, results, share, *, command: str, figure: Path | None,
            iteration_cpu_s: float, measured: bool, min_run_us: int, started: datetime,
            seconds: float, problems: list[str]) -> str:
+    every_run = [j for p in plans for j in p.tune_jobs + (p.jobs or [])]
+    note = resume_note(every_run)
     L = ["# The heterogeneity sweep", "",
-         f"Started {started:%Y-%m-%d %H:%M}, {seconds / 60:.0f} min. Command:", "",
-         f"    {command}", "", *describe(args, plans, share), "",
+         f"Started {started:%Y-%m-%d %H:%M}, {seconds / 60:.0f} min"
+         + (" in the last invocation" if note else "") + ". Command:", "",
+         f"    {command}", "", *([note[0].upper() + note[1:] + ".", ""] if note else []),
+         *describe(args, plans, share), "",
          f"## Time to {args.target:g}", "",
          f"Median (min–max) over {args.repeats} repeat(s), seconds of training; each row at "
          "its tuned rate; the rows without slow devices ran once and are the same at every "
@@ -474,7 +479,8 @@ def to_json(plans, results) -> dict:
         if isinstance(value, list):
             return [clean(v) for v in value]
         return None if isinstance(value, float) and not math.isfinite(value) else value
-    return {"gaps": {p.name: {"gap": p.gap, "slowdown": p.args.slowdown,
+    return {"kept_runs": sum(1 for p in plans for j in p.tune_jobs + (p.jobs or []) if j.kept),
+            "gaps": {p.name: {"gap": p.gap, "slowdown": p.args.slowdown,
                               "rates": {g: e.get("lr") for g, e in (p.tuning or {}).items()},
                               "rows": clean(results[p.name]["rows"])}
                      for p in plans[1:]}}
@@ -555,7 +561,7 @@ def run(args, command: str, driver: DriverSteps) -> int:
         return 0
     out.mkdir(parents=True, exist_ok=True)
     options.write_invocation(args)
-    started, t0 = datetime.now(), time.monotonic()
+    started, t0 = (args.resume and options.started_at(args)) or datetime.now(), time.monotonic()
     progress = Progress(sum(len(p.tune_jobs) + len(p.confirmations)
                             + len(p.rows) * args.repeats for p in plans))
     eta = driver.eta([j for p in plans for j in [*p.tune_jobs, *p.confirmations]])
