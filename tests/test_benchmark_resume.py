@@ -58,6 +58,7 @@ def test_resume_keeps_the_finished_run_and_runs_the_other(interrupted):
     out, proc = interrupted
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "rep 1 loopback local: kept from the earlier invocation (--resume)" in proc.stderr
+    assert "rep 1 loopback local: started" not in proc.stderr
     assert "rep 2 loopback local: done after" in proc.stderr
     assert (run_folder(out, 1) / "left-here").exists()
     assert not (run_folder(out, 2) / "left-here").exists()

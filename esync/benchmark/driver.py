@@ -64,7 +64,7 @@ from esync.benchmark.options import (PROG, UsageError, canonical_command,
                                      describe_byclass_grid, parse_args, repeat_seeds, started_at,
                                      sync_cap, write_invocation)
 from esync.benchmark.plan import child_env
-from esync.benchmark.runs import Progress, run_job, tail
+from esync.benchmark.runs import Progress, keep_if_finished, run_job, tail
 
 __all__ = ["main", "parse_args", "canonical_command", "child_env", "UsageError"]
 
@@ -90,6 +90,7 @@ class Eta:
 
 def _run_all(jobs, progress: Progress, timeout: float | None, eta: Eta) -> None:
     for job in jobs:
+        keep_if_finished(job)         # --resume: a run an earlier invocation finished
         progress.begin(job)
         run_job(job, progress, timeout)
         if job.error is None:

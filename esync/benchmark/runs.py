@@ -67,7 +67,7 @@ class Progress:
         if self.bar is not None:
             self.bar.set_description_str(self._tag(job))
             self.bar.set_postfix_str("starting")
-        else:
+        elif not job.kept:
             self._line(f"{self._tag(job)}: started")
 
     def tick(self, job: Job, elapsed: float) -> None:
@@ -138,6 +138,15 @@ def kept_record(job: Job) -> dict | None:
     return record
 
 
+def keep_if_finished(job: Job) -> bool:
+    """Under ``--resume`` (``job.resume``): keep the run if an earlier invocation finished it
+    well (``kept_record``), taking its exit code and seconds; -> whether it was kept."""
+    if not job.kept and job.resume and (record := kept_record(job)) is not None:
+        job.returncode, job.seconds = 0, float(record["seconds"])
+        job.kept = str(record.get("finished") or "an earlier invocation")
+    return job.kept is not None
+
+
 def resume_note(jobs) -> str | None:
     """What a resumed benchmark's report says about its runs: how many were kept from the
     earlier invocation(s) and when they had finished (None if none was kept)."""
@@ -156,9 +165,7 @@ def run_job(job: Job, progress: Progress, timeout: float | None = None) -> None:
 
     ``timeout`` defaults to twice the run's budget plus 300 s (start-up, evaluation catch-up).
     """
-    if job.resume and (record := kept_record(job)) is not None:
-        job.returncode, job.seconds = 0, float(record["seconds"])
-        job.kept = str(record.get("finished") or "an earlier invocation")
+    if keep_if_finished(job):
         return
     timeout = timeout if timeout is not None else 2 * job.budget + 300
     job.log.parent.mkdir(parents=True, exist_ok=True)
