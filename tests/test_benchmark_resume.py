@@ -120,19 +120,21 @@ def one_job(data: Path, out: Path):
     return job
 
 
-@pytest.mark.parametrize("change, kept", [
-    ({}, True),
-    ({"returncode": 1, "error": "exit code 1"}, False),   # a failed run runs again
-    ({"argv": ["another", "command"]}, False),           # so does one with other options
+@pytest.mark.parametrize("change, why", [
+    ({}, None),
+    ({"returncode": 1, "error": "exit code 1"}, "it failed (exit code 1)"),
+    ({"argv": ["another", "command"]}, "it ran with another command"),
 ])
 def test_only_a_record_of_the_same_command_that_ended_well_is_kept(data, tmp_path, change,
-                                                                   kept):
+                                                                   why):
     job = one_job(data, tmp_path / "o")
     job.returncode, job.seconds = 0, 3.0
     runs.write_record(job)
     record = json.loads(runs.record_path(job).read_text())
     runs.record_path(job).write_text(json.dumps({**record, **change}))
-    assert (runs.kept_record(job) is not None) is kept
+    assert runs.keep_if_finished(job) is (why is None)
+    assert why is None or (runs.why_not_kept(job) or "").startswith(why)
+    assert job.kept is None or (job.seconds == 3.0 and job.returncode == 0)
 
 
 def test_a_run_whose_folder_is_gone_is_not_kept(data, tmp_path):
@@ -140,4 +142,13 @@ def test_a_run_whose_folder_is_gone_is_not_kept(data, tmp_path):
     job.returncode = 0
     runs.write_record(job)
     job.folder.rmdir()
-    assert runs.kept_record(job) is None
+    assert not runs.keep_if_finished(job)
+    assert "is gone" in runs.why_not_kept(job)
+
+
+def test_without_resume_a_finished_record_is_not_kept(data, tmp_path):
+    job = one_job(data, tmp_path / "o")
+    job.returncode = 0
+    runs.write_record(job)
+    job.resume = False
+    assert not runs.keep_if_finished(job)

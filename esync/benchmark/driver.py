@@ -64,7 +64,7 @@ from esync.benchmark.options import (PROG, UsageError, canonical_command,
                                      describe_byclass_grid, parse_args, repeat_seeds, started_at,
                                      sync_cap, write_invocation)
 from esync.benchmark.plan import child_env
-from esync.benchmark.runs import Progress, keep_if_finished, run_job, tail
+from esync.benchmark.runs import Progress, keep_if_finished, run_job, tail, why_not_kept
 
 __all__ = ["main", "parse_args", "canonical_command", "child_env", "UsageError"]
 
@@ -90,7 +90,9 @@ class Eta:
 
 def _run_all(jobs, progress: Progress, timeout: float | None, eta: Eta) -> None:
     for job in jobs:
-        keep_if_finished(job)         # --resume: a run an earlier invocation finished
+        # --resume: a run an earlier invocation finished is kept; say why one is not
+        if not keep_if_finished(job) and job.resume and (why := why_not_kept(job)):
+            progress.note(f"{job.tag}: runs again under --resume: {why}")
         progress.begin(job)
         run_job(job, progress, timeout)
         if job.error is None:

@@ -124,18 +124,37 @@ def write_record(job: Job) -> None:
     record_path(job).write_text(json.dumps(record) + "\n")
 
 
-def kept_record(job: Job) -> dict | None:
-    """The record of this very run (the same command) that ended well, else None: a run that
-    failed, was stopped midway or had other options runs again."""
+def why_not_kept(job: Job) -> str | None:
+    """Why an earlier invocation's record of this run does not keep it (None: it does, or
+    there is no record: the run never finished). A run that failed, ran with another command
+    or lost its folder runs again."""
     try:
         record = json.loads(record_path(job).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        return f"its record {record_path(job)} is unreadable ({exc})"
+    if not isinstance(record, dict) or "argv" not in record:
+        return f"its record {record_path(job)} is not one this version writes"
+    if record["argv"] != job.argv:
+        changed = [a for a in job.argv if a not in record["argv"]]
+        return ("it ran with another command" + (f" (now {shlex.join(changed[:4])})"
+                                                 if changed else ""))
+    if record.get("returncode") != 0 or record.get("error") is not None:
+        return f"it failed ({record.get('error') or 'exit code ' + str(record.get('returncode'))})"
+    if not job.folder.is_dir():
+        return f"its folder {job.folder} is gone"
+    return None
+
+
+def kept_record(job: Job) -> dict | None:
+    """The record of this very run (the same command) that ended well, else None."""
+    if why_not_kept(job) is not None:
+        return None
+    try:
+        return json.loads(record_path(job).read_text())
     except (OSError, ValueError):
         return None
-    if (not isinstance(record, dict) or record.get("argv") != job.argv
-            or record.get("returncode") != 0 or record.get("error") is not None
-            or not job.folder.is_dir()):
-        return None
-    return record
 
 
 def keep_if_finished(job: Job) -> bool:
