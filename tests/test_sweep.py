@@ -217,6 +217,11 @@ def test_the_table_has_a_column_per_gap_and_bolds_each_gaps_fastest_row(data_dir
     assert rows["ESync (the launcher's defaults)"][:2] == ["**10.0**", "22.0"]
     assert rows[sweep.alone_rows()[1].label][2].rstrip(" |") == "**20.0**"
     assert rows["ESync (the launcher's defaults)"][2].rstrip(" |") == "not reached in 30 s"
+    lead = [cell.rstrip(" |") for cell in rows["*ESync's lead: the next row's median over its own*"]]
+    # 12.0 / 10.0 (ASGD next); 20.0 / 22.0 (the fast devices alone sooner); not reached
+    assert lead[:2] == ["1.20× over ASGD", "0.91× over " + sweep.alone_rows()[1].label]
+    # ESync not within 30 s, the fast devices alone at 20.0: at most 20 / 30
+    assert lead[2] == "< 0.67× over " + sweep.alone_rows()[1].label
 
 
 def test_the_advisor_table_sets_each_gaps_median_prediction_against_the_measured(data_dir,

@@ -22,7 +22,8 @@ small caps need long CFS periods (``esync.emulation.cgroups.quota_for`` grows th
 ``cap_table`` says where a device's cap becomes coarse against its iteration.
 
 The report, ``OUT/report.md`` (named as the benchmark's): one table (time to --target per row
-and gap, median and range over the repeats), one figure (the same against the gap, log x),
+and gap, median and range over the repeats, and ESync's lead over the next row: ``lead_cell``),
+one figure (the same against the gap, log x),
 ``esync-advise``'s predictions from each gap's ESync runs beside the measured times, each row's
 rate and momentum, the caps; ``OUT/benchmark.json`` holds every gap's numbers.
 """
@@ -55,6 +56,7 @@ FAST_FACTORS = (1.0, 1.0)       # the fast devices, the same at every gap
 SLOW_DEVICES = 2                # devices at the gap
 CLUSTER_MODES = ("esync", "sync", "async", "dcasgd")
 FAST_ALONE = "sync-fast"        # SSGD on the fast devices alone
+ESYNC_ROW = "esync"               # ESync under the launcher's defaults on the whole cluster
 ESYNC_FAST_ALONE = "esync-fast" # ESync on them: the advisor's prediction without the slow ones
 FAST_ALONE_MOMENTUM = 0.9       # the issue's strongest row without the slow devices
 ALONE_DIR = "alone"             # the rows without slow devices: run once, shown at every gap
@@ -287,7 +289,32 @@ def table(plans: list[GapPlan], results: dict[str, dict], target: float) -> list
             cells.append(f"**{cell}**" if best[p.name] == row.name
                          and entry["time"].median != stats.INF else cell)
         lines.append(f"| {row.label} | " + " | ".join(cells) + " |")
+    labels = {row.name: row.label for row in rows}
+    lines.append("| *ESync's lead: the next row's median over its own* | "
+                 + " | ".join(lead_cell(results[p.name]["rows"], labels, p.args.budget)
+                              for p in gaps) + " |")
     return lines
+
+
+def lead_cell(rows: dict[str, dict], labels: dict[str, str], budget: float) -> str:
+    """How many times sooner ESync on the whole cluster reached the target than the fastest
+    other row of its gap (every row, the fast devices alone and ESync on them included),
+    from medians; below 1 where another row was sooner."""
+    times = {n: e["time"] for n, e in rows.items() if e.get("time") is not None}
+    esync = times.pop(ESYNC_ROW, None)
+    if esync is None or not times:
+        return "-"
+    reached = {n: t for n, t in times.items() if t.finite_median is not None}
+    if not reached and esync.finite_median is not None:
+        return f"> {budget / esync.finite_median:.2f}× (no other row reached it)"
+    if not reached:
+        return "-"
+    other = min(reached, key=lambda n: reached[n].finite_median)
+    lead = stats.speedup(esync, reached[other], row_horizon=budget, reference_horizon=budget)
+    if lead is None:
+        return "-"
+    return (f"{lead.text()} over {labels.get(other, other)}"
+            + ("; ranges overlap" if lead.overlap else ""))
 
 
 def draw(plans: list[GapPlan], results: dict[str, dict], target: float, out: Path) -> Path:
