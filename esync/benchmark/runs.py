@@ -190,8 +190,9 @@ def run_job(job: Job, progress: Progress, timeout: float | None = None) -> None:
     job.log.parent.mkdir(parents=True, exist_ok=True)
     record_path(job).unlink(missing_ok=True)
     if job.folder.exists():
-        # Only with --overwrite (checked in parse_args): replace this run entirely, so that no
-        # earlier record (e.g. an evaluations.jsonl line) can mix into the new one.
+        # Only with --overwrite, or --resume running again a run that did not end well
+        # (checked in parse_args): replace it entirely, so that no earlier record (e.g. an
+        # evaluations.jsonl line) can mix into the new one.
         shutil.rmtree(job.folder)
     start = time.monotonic()
     with open(job.log, "wb") as out:
