@@ -65,6 +65,8 @@ def _worker_row(w: dict, live: dict, rounds: list, recent: list, info) -> dict:
         "compute": round(compute, 6), "wait": round(wait, 6),
         "compute_share": round(compute / (compute + wait), 4) if compute + wait > 0 else None,
         "slowest": rank == live.get("slowest") and bool(w.get("c")),
+        # judged too slow to set the rounds (--sit-out-ratio): never the slowest, whatever its c
+        "sits_out": bool(w.get("sits_out")),
     }
 
 

@@ -99,7 +99,8 @@ function workerRow(w) {
                      w.compute_share === null ? "–" : `${(share * 100).toFixed(0)}%`));
   row.appendChild(bar);
   row.appendChild(el("td", { class: "requests num" }, w.requests === null ? "–" : String(w.requests)));
-  row.appendChild(el("td", { class: "slowest" }, w.slowest ? "slowest" : ""));
+  row.appendChild(el("td", { class: "slowest" },
+                     w.slowest ? "slowest" : w.sits_out ? "sits out" : ""));
   return row;
 }
 
