@@ -17,6 +17,7 @@ from datetime import datetime
 from pathlib import Path
 
 from esync.benchmark.plan import REPO, Job, child_env
+from esync.common.files import atomic_write_text
 from esync.common.procs import die_with_parent, kill_group
 
 PROG = "esync-benchmark"
@@ -121,40 +122,42 @@ def record_path(job: Job) -> Path:
 def write_record(job: Job) -> None:
     record = {"argv": job.argv, "returncode": job.returncode, "seconds": job.seconds,
               "error": job.error, "finished": datetime.now().isoformat(timespec="seconds")}
-    record_path(job).write_text(json.dumps(record) + "\n")
+    atomic_write_text(record_path(job), json.dumps(record) + "\n")
+
+
+def _judge_record(job: Job) -> tuple[dict | None, str | None]:
+    """(the record that keeps this run, else None; why an existing record does not keep it,
+    else None). A run that failed, ran with another command or lost its folder runs again;
+    one with no record never finished."""
+    try:
+        record = json.loads(record_path(job).read_text())
+    except FileNotFoundError:
+        return None, None
+    except (OSError, ValueError) as exc:
+        return None, f"its record {record_path(job)} is unreadable ({exc})"
+    if not isinstance(record, dict) or "argv" not in record:
+        return None, f"its record {record_path(job)} is not one this version writes"
+    if record["argv"] != job.argv:
+        changed = [a for a in job.argv if a not in record["argv"]]
+        return None, ("it ran with another command"
+                      + (f" (now {shlex.join(changed[:4])})" if changed else ""))
+    if record.get("returncode") != 0 or record.get("error") is not None:
+        return None, ("it failed ("
+                      + (record.get("error") or f"exit code {record.get('returncode')}") + ")")
+    if not job.folder.is_dir():
+        return None, f"its folder {job.folder} is gone"
+    return record, None
 
 
 def why_not_kept(job: Job) -> str | None:
     """Why an earlier invocation's record of this run does not keep it (None: it does, or
-    there is no record: the run never finished). A run that failed, ran with another command
-    or lost its folder runs again."""
-    try:
-        record = json.loads(record_path(job).read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        return f"its record {record_path(job)} is unreadable ({exc})"
-    if not isinstance(record, dict) or "argv" not in record:
-        return f"its record {record_path(job)} is not one this version writes"
-    if record["argv"] != job.argv:
-        changed = [a for a in job.argv if a not in record["argv"]]
-        return ("it ran with another command" + (f" (now {shlex.join(changed[:4])})"
-                                                 if changed else ""))
-    if record.get("returncode") != 0 or record.get("error") is not None:
-        return f"it failed ({record.get('error') or 'exit code ' + str(record.get('returncode'))})"
-    if not job.folder.is_dir():
-        return f"its folder {job.folder} is gone"
-    return None
+    there is no record)."""
+    return _judge_record(job)[1]
 
 
 def kept_record(job: Job) -> dict | None:
     """The record of this very run (the same command) that ended well, else None."""
-    if why_not_kept(job) is not None:
-        return None
-    try:
-        return json.loads(record_path(job).read_text())
-    except (OSError, ValueError):
-        return None
+    return _judge_record(job)[0]
 
 
 def keep_if_finished(job: Job) -> bool:
