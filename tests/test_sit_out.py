@@ -51,12 +51,14 @@ def test_the_sizing_record_names_the_ratio_only_when_it_is_on():
 # -- the state server's decisions ---------------------------------------------------------------
 
 def _after_round_one(*, ratio: float = RATIO, slow_rank: int = 1):
-    """Two workers, rank ``slow_rank`` 50x slower; round 1 ends with both "ready"."""
+    """Two workers, rank ``slow_rank`` 50x slower; round 1 ends with both "ready". The slow
+    device asks first, with its probe, before the fast one is timed: it is judged at its
+    first "ready" (its probe and its iteration)."""
     clock = FakeClock()
     job = JobState(num_workers=2, epsilon=0.0, policy="dynamic", clock=clock,
                    sizing=RoundSizing(sit_out=ratio))
     fast = 1 - slow_rank
-    job.decide(slow_rank, 0, 0.0, t=1)
+    job.decide(slow_rank, 0, SLOW_C, t=1)
     job.decide(fast, 1, FAST_C, t=1)
     clock.advance(SLOW_C)
     slow_ready = job.decide(slow_rank, 1, SLOW_C, t=1)
@@ -136,6 +138,45 @@ def test_a_slow_devices_warm_up_judges_it_while_the_other_slow_device_is_untimed
     assert answer.ready and answer.sit_out
 
 
+def test_one_stalled_iteration_does_not_make_a_device_sit_out():
+    # A x4 device (one iteration a round) whose round-2 iteration stalls to 77x the fast
+    # device's (a loaded host): the smaller of its latest two timings is 4x, so it is waited
+    # for; stalled in rounds 2 and 3, it sits out. By its latest c alone the one stall dropped
+    # it for good.
+    for stalled_rounds, sits_out in (({2}, False), ({2, 3}, True)):
+        clock = FakeClock()
+        job = JobState(num_workers=2, epsilon=0.0, policy="dynamic", clock=clock,
+                       sizing=RoundSizing(sit_out=RATIO * 2))
+        job.decide(0, 0, FAST_C, t=1)
+        job.decide(1, 0, 4 * FAST_C, t=1)              # the probes: 4x, waited for
+        told, c = [], 4 * FAST_C
+        for t in (1, 2, 3):
+            if t > 1:
+                job.decide(1, 0, c, t=t)               # a round's first question: the last c
+            c = 77 * FAST_C if t in stalled_rounds else 4 * FAST_C
+            clock.advance(c)
+            answer = job.decide(1, 1, c, t=None if t == 1 else t)
+            assert answer.ready
+            told.append(answer.sit_out)
+            _fast_iterations_until_ready(job, clock, t=t)
+        assert told[-1] is sits_out and not any(told[:-1]), (stalled_rounds, told)
+
+
+def test_a_device_without_a_probe_is_judged_only_after_two_iterations():
+    clock = FakeClock()
+    job = JobState(num_workers=2, epsilon=0.0, policy="dynamic", clock=clock,
+                   sizing=RoundSizing(sit_out=RATIO))
+    job.decide(0, 1, FAST_C, t=1)
+    job.decide(1, 0, 0.0, t=1)                         # no probe (c = 0: never timed)
+    clock.advance(SLOW_C)
+    first = job.decide(1, 1, SLOW_C)
+    assert first.ready and not first.sit_out           # one reading: it is waited for
+    job.decide(0, 50, FAST_C)
+    job.decide(1, 0, SLOW_C, t=2)
+    clock.advance(SLOW_C)
+    assert job.decide(1, 1, SLOW_C).sit_out            # two readings, both 50x
+
+
 def test_a_device_that_sits_out_is_ready_at_once_in_every_later_round():
     job, clock, _ = _after_round_one()
     for t in (2, 3, 4):
@@ -191,11 +232,10 @@ def test_two_slow_devices_sit_out_and_the_fast_one_computes_on():
     clock = FakeClock()
     job = JobState(num_workers=3, epsilon=0.0, policy="dynamic", clock=clock,
                    sizing=RoundSizing(sit_out=RATIO))
-    job.decide(1, 0, 0.0, t=1)
-    job.decide(2, 0, 0.0, t=1)
+    job.decide(1, 0, SLOW_C, t=1)                         # probes, before rank 0 is timed
+    job.decide(2, 0, SLOW_C, t=1)
     job.decide(0, 1, FAST_C, t=1)
     clock.advance(SLOW_C)
-    assert not job.decide(2, 1, SLOW_C, t=1).ready        # rank 1 is still untimed
     assert job.decide(1, 1, SLOW_C, t=1).sit_out
     assert job.decide(2, 1, SLOW_C, t=1).sit_out
     fast = job.decide(0, 50, FAST_C, t=1)

@@ -126,6 +126,15 @@ class _Worker:
     # Its warm-up probe's c, from its first question (0: not asked yet, or lost in a restart):
     # a probe is judged against the others' probes (``_judged_too_slow``).
     probe: float = 0.0
+    # The timing before its latest c (its probe before its first iteration; 0: none yet).
+    earlier_c: float = 0.0
+
+    @property
+    def pace(self) -> float:
+        """The smaller of its latest two timings (0: untimed): what a sit-out is judged by,
+        so that one stalled iteration (a loaded host, a pause) does not drop a device for good;
+        a device truly too slow is so in every reading."""
+        return min((c for c in (self.c, self.earlier_c) if c > 0), default=0.0)
 
 
 @dataclass(frozen=True)
@@ -571,9 +580,16 @@ class JobState:
         their iterations. A probe times a step on a fraction of a batch and scales it to a
         whole one, which overstates a step whose cost is partly fixed (lenet at batch 8: 3.1x,
         docs/ALGORITHM.md): against a fast device's real iterations an 8x device could read as
-        over 32x and sit out for good. Every device's probe is overstated alike."""
+        over 32x and sit out for good. Every device's probe is overstated alike.
+
+        Otherwise every device reads as its ``_Worker.pace``, and ``rank`` is judged only once
+        it has two timings (its probe and first iteration, or two iterations): on a loaded
+        2-core host one x4 iteration read 77x the x1's, and on its latest c alone the x4 device
+        sat out for the rest of the run."""
         me = self._workers[rank]
-        timings = [w.probe if by_probes else w.c for w in self._workers]
+        if not by_probes and me.earlier_c <= 0:
+            return False
+        timings = [w.probe if by_probes else w.pace for w in self._workers]
         return (not me.sit_out_from and self.sizing.sit_out > 0 and self.policy == "dynamic"
                 and rank in sitting_out_ranks(timings, self.sizing.sit_out)
                 and self._others_take_part(rank))
@@ -591,6 +607,7 @@ class JobState:
         if k > me.round_k:
             me.round_compute += c if k == me.round_k + 1 else c * (k - me.round_k)
             me.round_k = k
+            me.earlier_c = me.c                        # a new iteration's timing: shift
         if me.round_start is None:
             me.round_start = now
         me.k, me.c, me.seen, me.started = k, c, now, True
