@@ -126,7 +126,8 @@ class _Worker:
     # Its warm-up probe's c, from its first question (0: not asked yet, or lost in a restart):
     # a probe is judged against the others' probes (``_judged_too_slow``).
     probe: float = 0.0
-    # The timing before its latest c (its probe before its first iteration; 0: none yet).
+    # The timing before its latest c (its probe before its first iteration; 0: none yet, or
+    # lost in a restart).
     earlier_c: float = 0.0
 
     @property
