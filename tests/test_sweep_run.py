@@ -30,7 +30,7 @@ def swept(tmp_path_factory):
 def sweep(out: Path, data: Path, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "esync.benchmark", "--gap-sweep", "1,64", "--modes", "esync",
-         "--tune-lr", "none", "-ll", "0.003", "--repeats", "1", "--budget", "8",
+         "--tune-lr", "none", "-ll", "0.001", "--repeats", "1", "--budget", "8",
          "--target", str(TARGET), "--emulation", "sleep", "-dd", str(data), "--out", str(out),
          *extra],
         cwd=REPO, capture_output=True, text=True, timeout=600)
