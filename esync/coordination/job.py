@@ -588,11 +588,12 @@ class JobState:
         2-core host one x4 iteration read 77x the x1's, and on its latest c alone the x4 device
         sat out for the rest of the run."""
         me = self._workers[rank]
+        if me.sit_out_from or self.sizing.sit_out <= 0 or self.policy != "dynamic":
+            return False                          # already out, or the rule is off
         if not by_probes and me.earlier_c <= 0:
-            return False
+            return False                          # one timing: not judged yet
         timings = [w.probe if by_probes else w.pace for w in self._workers]
-        return (not me.sit_out_from and self.sizing.sit_out > 0 and self.policy == "dynamic"
-                and rank in sitting_out_ranks(timings, self.sizing.sit_out)
+        return (rank in sitting_out_ranks(timings, self.sizing.sit_out)
                 and self._others_take_part(rank))
 
     def _others_take_part(self, rank: int) -> bool:
