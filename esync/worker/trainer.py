@@ -364,9 +364,13 @@ class TrainingLoop:
             host = "; Python and communication at the host's speed" if operators_only else ""
             print(f"{self.prefix} training under the CPU cap of {capped[0]} ({capped[1]}{host})",
                   flush=True)
-        last_c = self._warm_up()
-        clock0 = time.perf_counter() - spent       # training clock: inline scoring is taken out
+        # The training clock starts before the warm-up: every worker leaves the store's init
+        # barrier together, so every device's clock (rank 0's, which the checkpoints and the
+        # time to a target are on, included) has one zero, and a capped device's slow warm-up
+        # counts as the time it is (the first round waits for it). Inline scoring is taken out.
+        clock0 = time.perf_counter() - spent
         self.clock0 = clock0
+        last_c = self._warm_up()
         if self.announced is None:                 # nobody told: the first factor is no change
             self.announced = self.speed.factor(spent)
         wall0 = clock0                             # wall clock: everything counts
