@@ -214,6 +214,11 @@ def add_run_args(parser: argparse.ArgumentParser, *, one_worker: bool = True) ->
                             "a launcher pins each device to its shard")
         g.add_argument("--device-name", default=None,
                        help="log folder name of this device (default gpuN, or cpuRANK)")
+        g.add_argument("--writes-checkpoints", action=argparse.BooleanOptionalAction,
+                       default=None,
+                       help="this worker writes (or not) the checkpoints the evaluator scores "
+                            "(default: rank 0; in async modes esync-cluster names its fastest "
+                            "device, whose rounds come most often)")
     g.add_argument("--host-name", default=socket.gethostname(),
                    help="log folder name of this host")
     g.add_argument("--tensorboard", metavar="DIR", default=None,

@@ -68,6 +68,23 @@ def test_fixed_local_iterations_reach_each_worker():
     assert "--local-iters" not in specs["evaluator"].argv
 
 
+def test_in_async_mode_the_fastest_device_writes_the_checkpoints():
+    # ps-lite's rank 0 may be the slow device, whose rounds (one slow iteration each) would
+    # leave the evaluator few checkpoints
+    specs = by_name(plan_roles(config(mode="async", train_argv=("-m", "async"),
+                                      slowdowns=(4.0, 1.0), state_port=None),
+                               Hosts(PS, (SLOW, FAST))))
+    assert "--writes-checkpoints" in specs["worker-cpu1"].argv
+    assert "--no-writes-checkpoints" in specs["worker-cpu0"].argv
+    assert "--writes-checkpoints" not in specs["worker-cpu0"].argv
+
+
+@pytest.mark.parametrize("mode", ["esync", "sync"])
+def test_in_round_modes_rank_0_writes_the_checkpoints(mode):
+    specs = plan_roles(config(mode=mode, train_argv=("-m", mode)), Hosts(PS, (FAST, SLOW)))
+    assert not any("checkpoints" in " ".join(spec.argv) for spec in specs)
+
+
 def test_ps_lite_addresses_come_from_the_placement():
     specs = by_name(plan_roles(config(), Hosts(PS, (FAST, SLOW))))
     assert {s.env["DMLC_PS_ROOT_URI"] for s in specs.values() if "DMLC_PS_ROOT_URI" in s.env} \

@@ -80,6 +80,7 @@ COMM_DTYPES = ("float32", "float16")
 BENCHMARK_NAMES = tuple(m.name for m in MODES if m.benchmark)   # the benchmark's default modes
 CLI_MODES = tuple(dict.fromkeys(m.cli_mode for m in MODES))   # the -m choices, in order
 BASELINE = "sync"           # the speedup's reference
+ASYNCHRONOUS_CLI = "async"  # the -m value whose workers' rounds are each their own
 STANDALONE = "local"        # one device alone
 _BY_NAME = {m.name: m for m in MODES}
 

@@ -12,6 +12,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from esync.common.modes import ASYNCHRONOUS_CLI
 from esync.common.procs import python_env
 from esync.common.speeds import CPU_PIN_ENV
 from esync.emulation.cgroups import ONE_COMPUTE_THREAD_ENV
@@ -173,6 +174,7 @@ def plan_roles(config: ClusterConfig, hosts: Hosts) -> list[RoleSpec]:
         on = [] if gpu is None else ["-c", "0", "-g", "0"]
         specs.append(RoleSpec("evaluator", "evaluator", main + train + on + state, env, ps.name))
     names = device_names(config.devices)
+    writer = checkpoint_writer(config.slowdowns)
     for i, (device, name, factor, host) in enumerate(zip(config.devices, names,
                                                            config.slowdowns, hosts.workers)):
         env = (_horovod_env(config, ps, host, slots[i]) if allreduce
@@ -197,9 +199,19 @@ def plan_roles(config: ClusterConfig, hosts: Hosts) -> list[RoleSpec]:
             + emulation + schedule + state
         if config.local_iters:
             argv += ["--local-iters", str(config.local_iters[i])]
+        if config.mode == ASYNCHRONOUS_CLI:
+            argv += ["--writes-checkpoints" if i == writer else "--no-writes-checkpoints"]
         specs.append(RoleSpec(f"worker-{name}", "worker", argv, env, host.name, device=name,
                               rank=i, cpu_cores=cores))
     return specs
+
+
+def checkpoint_writer(slowdowns) -> int:
+    """The worker that writes the checkpoints in an asynchronous mode: the fastest device (the
+    first of the fastest), whose rounds end most often. Each async worker's rounds are its own,
+    so rank 0 (ps-lite's pick) being a slow device would leave the evaluator one checkpoint per
+    slow iteration; in round modes every rank's rounds end together and rank 0 writes them."""
+    return min(range(len(slowdowns)), key=lambda i: slowdowns[i])
 
 
 def coordination_roles(*, collective: str, servers: int, state_server: bool,

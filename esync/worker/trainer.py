@@ -314,6 +314,10 @@ class TrainingLoop:
         self.prefix = f"[rank {worker.rank} {device}]"
         self.standalone = worker.channel is None
         self.scores_inline = args.inline_eval and worker.rank == 0
+        # A worker writes checkpoints at its own round ends: in round modes every rank's come
+        # together, in async ones a slow rank 0's would come once per slow iteration
+        self.writes_checkpoints = (worker.rank == 0 if args.writes_checkpoints is None
+                                   else args.writes_checkpoints)
         if self.scores_inline:
             self.test_set = dataset.load_fashion_mnist(self.args.data_dir, "test")
             self.scores = ScoreReport(self.args, prefix=self.prefix)
@@ -646,7 +650,7 @@ class TrainingLoop:
         return True
 
     def _checkpoint(self, round_no: int, elapsed: float, samples: int, stop: bool) -> None:
-        if self.store is None or self.w.rank != 0:
+        if self.store is None or not self.writes_checkpoints:
             return
         if self._checkpoint_due(round_no, elapsed) or stop:
             arrays = {name: array.asnumpy() for name, array in self._shared_arrays().items()}
