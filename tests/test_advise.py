@@ -87,6 +87,14 @@ def test_every_round_pays_what_the_device_that_arrived_last_did_not_compute(tmp_
         0.5, 0.0, 1.0, 1.0, 0.0)
 
 
+def test_the_first_rounds_fill_is_its_samples_over_every_device_computing_all_through_it(
+        tmp_path):
+    # the run's first round: 1.5 s, 2 x 128 + 16 = 272 samples; the model has every device
+    # compute all through it: 272 samples/s x 1.5 s = 408
+    cal = advise.read(write_run(tmp_path), 0.8).calibration
+    assert (cal.first_fill, cal.start_iteration_s) == (pytest.approx(272 / 408), 1.0)
+
+
 def test_rounds_longer_than_their_compute_and_cost_are_the_slowest_devices_stretch(tmp_path):
     # rounds of 2.0 s, waits of 0.5 s: 2.0 - 1.0 (cpu2's iteration) - 0.5 = 0.5 s of stretch,
     # which a subset keeps while it keeps cpu2 and loses without it
@@ -97,27 +105,42 @@ def test_rounds_longer_than_their_compute_and_cost_are_the_slowest_devices_stret
     assert advise.predict(run, ["vm/cpu0", "vm/cpu1"]).round_s == 0.125 + 0.5
 
 
-def test_the_first_rounds_lateness_is_the_start(tmp_path):
+def test_the_first_rounds_lateness_is_the_start_and_comes_with_the_slowest_device(tmp_path):
     run = advise.read(write_run(tmp_path, start_s=0.75), 0.8)
     assert run.calibration.start_s == 0.75
-    assert advise.predict(run, ["vm/cpu0", "vm/cpu1", "vm/cpu2"]).time_s == 0.75 + 10 * 1.5
+    # the run's own pace: its first round ends at 2.25 s holding 272 samples, then 272 samples
+    # per 1.5 s round
+    assert advise.predict(run, ["vm/cpu0", "vm/cpu1", "vm/cpu2"]).time_s == pytest.approx(
+        2.25 + (2500 - 272) / 272 * 1.5)
+    # without cpu2 the slowest iteration is 0.125 s against 1.0: an eighth of the lateness
+    # (f1: 272 samples over 272/s x 2.25 s); rounds of 0.125 + 0.5 s holding 32 samples
+    first_end = 0.625 + 0.75 * 0.125
+    first_samples = 272 / (272 * 2.25) * 256 * first_end
+    assert advise.predict(run, ["vm/cpu0", "vm/cpu1"]).time_s == pytest.approx(
+        first_end + (2500 - first_samples) / 32 * 0.625)
 
 
-def test_esync_on_every_device_rounds_up_to_whole_rounds_of_one_slowest_iteration(tmp_path):
+def test_esync_on_every_device_crosses_the_target_within_a_round_of_one_slowest_iteration(
+        tmp_path):
     run = advise.read(write_run(tmp_path), 0.8)
     p = advise.predict(run, ["vm/cpu0", "vm/cpu1", "vm/cpu2"])
     # a round: 1.0 s (cpu2's iteration) + 0.5 s; cpu2 computes its 1.0 s (16 samples), the
     # fast devices (carry) the round but their 0.5 s waits: 2 x 128 x 1.0; 272 samples, as the
-    # run's rounds held (fill 1); ceil(2500 / 272) = 10 rounds
-    assert (p.round_s, p.samples_per_round, p.rounds, p.time_s) == (1.5, 272, 10, 15.0)
+    # run's rounds held (fill 1). The first round (1.5 s) holds its 272 samples; the other
+    # 2228 take 8.19 rounds more: crossed in round 10, at 1.5 + 8.19 x 1.5 s
+    assert (p.round_s, p.samples_per_round, p.rounds) == (1.5, 272, 10)
+    assert p.time_s == pytest.approx(1.5 + (2500 - 272) / 272 * 1.5)
 
 
 def test_esync_without_the_slow_device_runs_short_rounds(tmp_path):
     run = advise.read(write_run(tmp_path), 0.8)
     p = advise.predict(run, ["vm/cpu0", "vm/cpu1"])
-    # 0.125 + 0.5 s rounds; both devices are now the slowest: one iteration each, 32 samples;
-    # ceil(2500 / 32) = 79 rounds
-    assert (p.round_s, p.samples_per_round, p.rounds, p.time_s) == (0.625, 32, 79, 49.375)
+    # 0.125 + 0.5 s rounds; both devices are now the slowest: one iteration each, 32 samples.
+    # The first round: 0.625 s of both computing (256/s), times the run's first fill (2/3:
+    # 272 of 408): 106.7 samples; the other 2393.3 in 74.8 rounds: crossed in round 76
+    first_samples = 2 / 3 * 256 * 0.625
+    assert (p.round_s, p.samples_per_round, p.rounds) == (0.625, 32, 76)
+    assert p.time_s == pytest.approx(0.625 + (2500 - first_samples) / 32 * 0.625)
 
 
 def test_a_runs_fill_scales_every_subsets_samples(tmp_path):
@@ -166,12 +189,18 @@ def test_with_a_device_that_sits_out_only_the_first_round_waits_for_it(tmp_path)
     # outlasted by 0.21875 s (the start)
     assert (run.calibration.cost_s, run.calibration.start_s) == (0.5, 0.21875)
     p = advise.predict(run, ["vm/cpu0", "vm/cpu1", "vm/cpu2"])
-    # round 1: 2 x 128 x 0.78125 = 200 samples; then 2 x 128 x (1.5 - 0.5) = 256 a round:
-    # ceil(2300 / 256) = 9; 0.21875 + 1.28125 + 9 x 1.5 = 15.0 s
-    assert (p.round_s, p.samples_per_round, p.rounds, p.time_s) == (1.5, 256, 10, 15.0)
+    # round 1: 1.28125 + 0.21875 = 1.5 s of the fast pair computing (256/s) times the run's
+    # first fill (256 of 384: 2/3): 256 samples; then 2 x 128 x (1.5 - 0.5) = 256 a round:
+    # 2244 more in 8.77 rounds, crossed in round 10
+    assert (p.round_s, p.samples_per_round, p.rounds) == (1.5, 256, 10)
+    assert p.time_s == pytest.approx(1.5 + (2500 - 256) / 256 * 1.5)
     alone = advise.predict(run, ["vm/cpu0", "vm/cpu1"])
-    # Without it, rounds of one 0.125 s iteration + 0.5 s of 32 samples: ceil(2500 / 32) = 79
-    assert (alone.round_s, alone.rounds, alone.time_s) == (0.625, 79, 0.21875 + 79 * 0.625)
+    # Without it, rounds of one 0.125 s iteration + 0.5 s of 32 samples, the first later by
+    # 0.125 / 6.25 of the start
+    first_end = 0.625 + 0.21875 * 0.125 / 6.25
+    first_samples = 2 / 3 * 256 * first_end
+    assert (alone.round_s, alone.rounds) == (0.625, 76)
+    assert alone.time_s == pytest.approx(first_end + (2500 - first_samples) / 32 * 0.625)
 
 
 def test_a_subset_whose_rounds_hold_far_fewer_iterations_comes_with_a_caveat(tmp_path):
@@ -197,14 +226,16 @@ SYNC_DEVICES = {"cpu0": (1, 1, 0.125, 0.5), "cpu1": (1, 1, 0.125, 0.5), "cpu2": 
 def test_sync_rounds_are_one_iteration_of_every_device(tmp_path):
     run = advise.read(write_run(tmp_path, mode="sync", carry=False, devices=SYNC_DEVICES), 0.8)
     p = advise.predict(run, ["vm/cpu0", "vm/cpu1", "vm/cpu2"])
-    # 48 samples per 1.0 + 0.5 s round (cpu2 waited least: 1.5 - 1.0): ceil(2500 / 48) = 53
-    assert (p.samples_per_round, p.rounds, p.time_s) == (48, 53, pytest.approx(79.5))
+    # 48 samples per 1.0 + 0.5 s round (cpu2 waited least: 1.5 - 1.0), the first round too:
+    # 2452 samples after it, 51.08 rounds: crossed in round 53
+    assert (p.samples_per_round, p.rounds) == (48, 53)
+    assert p.time_s == pytest.approx(1.5 + (2500 - 48) / 48 * 1.5)
 
 
 def test_sync_advice_leaves_out_the_slow_device_that_costs_time(tmp_path):
     run = advise.read(write_run(tmp_path, mode="sync", carry=False, devices=SYNC_DEVICES), 0.8)
     advice = advise.advise(run)
-    # without cpu2: 32 samples per 0.125 + 0.5 s: 79 rounds, 49.4 s against 79.5 s
+    # without cpu2: 32 samples per 0.125 + 0.5 s: 48.8 s against 78.1 s
     assert [(v["device"], v["include"]) for v in advice["verdicts"]] == [("vm/cpu2", False)]
 
 
@@ -218,7 +249,8 @@ def test_asgd_adds_the_samples_per_second_each_device_added(tmp_path):
 def test_the_command_line_predicts_without_a_named_device(tmp_path, capsys):
     assert advise.main([str(write_run(tmp_path)), "--target", "0.8", "--without", "cpu2",
                         "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["time_s"] == 49.375
+    assert json.loads(capsys.readouterr().out)["time_s"] == pytest.approx(
+        0.625 + (2500 - 2 / 3 * 256 * 0.625) / 32 * 0.625)
 
 
 def test_a_folder_without_logs_is_a_clear_error(tmp_path, capsys):

@@ -35,16 +35,24 @@ The model (small on purpose; every number is measured in the run itself):
   lasted ``R`` seconds on average (its round logs' clock), more than the model's length: the
   exchange, the state server's questions, the outer step and the waits add ``o = R - L`` to
   every round, whoever takes part. Its rounds held ``f`` times the model's samples (carried
-  iterations, a device that stopped short of a round's end). The run's first round ended ``s``
-  seconds later than a round of the model would have (start-up, the warm-up step). Every
-  subset's rounds last its ``L + o``, hold ``f`` times its model's samples, and the first
-  starts after ``s``: for the run's own devices the prediction is then the run's own pace.
+  iterations, a device that stopped short of a round's end). Every subset's rounds last its
+  ``L + o`` and hold ``f`` times its model's samples.
+* **The first round.** Nobody stops before every device has finished its first iteration, so
+  the first round lasts until the slowest device's warm-up step and first iteration (its
+  one-off set-up included) are done, and the others compute all through it. The run's first
+  round ended ``s`` seconds later than the model's (one round; with devices that sit out, the
+  slowest's probe), a lateness that comes with its slowest device: a subset's first round is
+  its model's plus ``s`` times its slowest iteration over the run's, and holds its devices'
+  samples per second over that time, times the share ``f1`` of that the run's first round
+  held. For the run's own devices the prediction is then the run's own pace.
 * **Accuracy.** The test accuracy depends on the samples processed alone, whoever processed them
   and however they were grouped into rounds (i.i.d. shards; no staleness penalty): the run's own
   evaluations give ``S*``, the samples at which it first reached the target (interpolated
-  between the checkpoints around the crossing). The model is available only at the end of a
-  round, so a round mode reaches the target after ``ceil(S* / samples per round)`` rounds; an
-  asynchronous one after ``S* / rate`` seconds.
+  between the checkpoints around the crossing). A round mode crosses the target when its
+  samples pass ``S*`` (the first round's, then ``samples per round`` a round), the crossing
+  interpolated within its round as the benchmark interpolates the measured one between
+  checkpoints (a new model exists only at a round's end: the time is known to within a round);
+  an asynchronous one after ``S* / rate`` seconds.
 
 What it leaves out: a server link shared by more devices, and how the samples a model needs
 depend on their grouping into rounds: where a slow device makes rounds very long, the measured
@@ -102,6 +110,7 @@ class Device:
     first_end_s: float = 0.0  # the training clock at the end of its first round
     samples: float = 0.0      # samples it computed in the run
     elapsed_s: float = 0.0    # the training clock at the end of its last round
+    first_samples: float = 0.0  # samples it computed in its first round
     rounds: int = 0           # rounds it logged
     waits: tuple = ()         # per round, the seconds it did not compute (None: not logged)
 
@@ -126,13 +135,17 @@ class Calibration:
     """What the run's rounds cost beyond the model's compute (see the docstring): ``cost_s``
     (o) every round pays, ``stretch_s`` (J) the run's rounds lasted longer still, which comes
     with its slowest devices (``slowest_s``: the model's round length for them), ``fill`` (f)
-    the run's samples per round over the model's, ``start_s`` (s) the first round's lateness.
-    The default: nothing added."""
+    the run's samples per round over the model's, ``start_s`` (s) the first round's lateness,
+    which comes with the run's slowest device (``start_iteration_s``: its iteration),
+    ``first_fill`` (f1) the run's first round's samples over its devices' samples per second
+    times its length. The default: nothing added."""
     cost_s: float = 0.0
     stretch_s: float = 0.0
     slowest_s: float = math.inf
     fill: float = 1.0
     start_s: float = 0.0
+    start_iteration_s: float = math.inf
+    first_fill: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -141,7 +154,7 @@ class Prediction:
     samples_per_s: float      # while computing, over the subset
     round_s: float | None     # None for the asynchronous modes
     samples_per_round: float | None
-    rounds: int | None
+    rounds: int | None        # the round in which it crosses the target, the first included
     time_s: float
     local_steps: float | None = None   # its fastest device's iterations a round (None: no rounds)
 
@@ -189,6 +202,7 @@ def device_of(name: str, entry: dict, batch_size: int) -> Device:
                  round_s=(elapsed[-1] - elapsed[0]) / (len(elapsed) - 1) if len(elapsed) > 1
                  else elapsed[0], first_end_s=elapsed[0],
                  samples=sum(entry["num_samples_list"]), elapsed_s=elapsed[-1],
+                 first_samples=entry["num_samples_list"][0],
                  rounds=len(elapsed), waits=tuple(entry.get("wait_time_list") or ()))
     if iterations <= 0 or compute <= 0:
         # A device that sat out from the start (--sit-out-ratio) computed nothing; its speed is
@@ -270,23 +284,29 @@ def calibrate(run: Run) -> Calibration:
         d.rounds for d in run.devices)
     if model.samples_per_round <= 0 or measured_samples <= 0:
         return cal
-    first = model.first_s if model.first_s is not None else model.round_s
+    first_end = max(d.first_end_s for d in run.devices)
+    first_modelled = (model.first_samples_per_s or 0.0) * first_end
     return dataclasses.replace(
         cal, fill=measured_samples / model.samples_per_round,
-        start_s=max(0.0, max(d.first_end_s for d in run.devices) - first))
+        start_s=max(0.0, first_end - model.first_s),
+        start_iteration_s=max(d.iteration_s for d in run.devices),
+        first_fill=(sum(d.first_samples for d in run.devices) / first_modelled
+                    if first_modelled > 0 else 1.0))
 
 
 # ----------------------------------------------------------------------------- the model
 
 @dataclass(frozen=True)
 class RoundPlan:
-    """A round mode's rounds for some devices: their length and samples, and (ESync with
-    devices that sit out) the first round's, which waits only for the slowest's probe."""
+    """A round mode's rounds for some devices: their length and samples, and the first
+    round's length before the start-up lateness (a round; ESync with devices that sit out, the
+    slowest's probe) and what it holds: SSGD a round's samples, ESync ``first_samples_per_s``
+    for as long as it lasts (``first_round``)."""
     round_s: float
     samples_per_round: float
     samples_per_s: float          # while computing, over the devices that compute
-    first_s: float | None = None
-    first_samples: float = 0.0
+    first_s: float
+    first_samples_per_s: float | None = None   # None: the first round holds a round's samples
     local_steps: float = 1.0      # the fastest device's iterations a round
 
 
@@ -312,22 +332,32 @@ def round_plan(run: Run, devices, cal: Calibration) -> RoundPlan:
     round_s = round_length(length, cal)
     if run.mode == "sync":
         return RoundPlan(round_s, cal.fill * sum(d.samples_per_iteration for d in devices),
-                         sum(d.samples_per_s for d in devices))
+                         sum(d.samples_per_s for d in devices), first_s=round_s)
     computing = computing_devices(devices, run.sit_out)
     fastest = min(computing, key=lambda d: d.iteration_s)
-    found = RoundPlan(round_s, cal.fill * esync_round_samples(computing, length, round_s,
-                                                              run.carry),
-                      sum(d.samples_per_s for d in computing),
-                      local_steps=busy_s(fastest, length, round_s, run.carry)
-                      / fastest.iteration_s)
-    if len(computing) == len(devices):
-        return found
-    # The first round lasts until every device has been timed (the slowest's probe), while the
-    # others compute; those judged too slow by it compute nothing.
-    first = max(d.iteration_s for d in devices) / esync_parts.PROBE_DIVISOR
-    first_s = first + cal.cost_s
-    return dataclasses.replace(found, first_s=first_s, first_samples=cal.fill * (
-        esync_round_samples(computing, first, first_s, run.carry)))
+    rate = sum(d.samples_per_s for d in computing)
+    # Nobody stops before every device has been timed (the slowest's first iteration; with
+    # devices that sit out, its probe): every device that computes does so all through the
+    # first round; those its probe judged too slow compute nothing.
+    first_s = (round_s if len(computing) == len(devices) else
+               max(d.iteration_s for d in devices) / esync_parts.PROBE_DIVISOR + cal.cost_s)
+    return RoundPlan(round_s, cal.fill * esync_round_samples(computing, length, round_s,
+                                                             run.carry),
+                     rate, first_s=first_s, first_samples_per_s=rate,
+                     local_steps=busy_s(fastest, length, round_s, run.carry)
+                     / fastest.iteration_s)
+
+
+def first_round(plan: RoundPlan, devices, cal: Calibration) -> tuple[float, float]:
+    """(its end, its samples): the model's first round, later by the run's start-up lateness
+    scaled by the slowest iteration of ``devices`` over the run's, holding a round's samples
+    (SSGD) or its devices' samples per second all that time, times the run's ``first_fill``
+    (ESync)."""
+    slowest = max(d.iteration_s for d in devices)
+    end = plan.first_s + cal.start_s * min(1.0, slowest / cal.start_iteration_s)
+    if plan.first_samples_per_s is None:
+        return end, plan.samples_per_round
+    return end, cal.first_fill * plan.first_samples_per_s * end
 
 
 def predict(run: Run, names) -> Prediction:
@@ -341,11 +371,10 @@ def predict(run: Run, names) -> Prediction:
                           run.samples_to_target / added)
     cal = run.calibration
     plan = round_plan(run, devices, cal)
-    left = max(0.0, run.samples_to_target - plan.first_samples)
-    rounds = math.ceil(left / plan.samples_per_round - 1e-9)
+    first_end, first_samples = first_round(plan, devices, cal)
+    later = max(0.0, run.samples_to_target - first_samples) / plan.samples_per_round
     return Prediction(names, plan.samples_per_s, plan.round_s, plan.samples_per_round,
-                      rounds + (plan.first_s is not None),
-                      cal.start_s + (plan.first_s or 0.0) + rounds * plan.round_s,
+                      1 + math.ceil(later - 1e-9), first_end + later * plan.round_s,
                       plan.local_steps)
 
 
