@@ -266,3 +266,31 @@ def test_capped_workers_train_with_the_same_arithmetic(tmp_path, mode):
     want = (original_esync(replicas(data), rounds=STEPS, local_iters=2, local_lr=LR)
             if mode == "esync" else original_sync(replicas(data)))
     assert_same_model(final_checkpoint(mode_dir), want)
+
+
+@ROOT_ONLY
+def test_every_devices_clock_has_one_zero_however_long_its_warm_up(tmp_path, fashion_data_dir):
+    """The training clock starts when the workers leave the store's init barrier, before the
+    warm-up step. A x128 device capped at 1/320 core takes over a second for its warm-up probe
+    while the x1 device trains; it then sits out (ready at once each round, then the exchange),
+    so its rounds end when the x1 device's do, and on one clock their logs agree. (On the
+    clock the warm-up used to start, its times came a probe's length early: as rank 0 it put
+    the checkpoints, and so the time to a target, that much early.)"""
+    _controller_or_skip()
+    from esync.common.esync_parts import PROBE_DIVISOR
+    run_cluster(tmp_path / "logs", fashion_data_dir, "-m", "esync", "--workers", 2,
+                "--slowdown", "1,128", "--emulation", "cpu-cap", "--cpu-share", "0.4",
+                "-b", 64, "--max-seconds", 10, "--no-evaluator", timeout=240)
+    mode_dir = tmp_path / "logs" / "lenet" / "esync"
+    ends = {}
+    for device in ("cpu0", "cpu1"):
+        records = [json.loads(p.read_text()) for p in (mode_dir / "vm" / device).glob("iter-*.txt")]
+        ends[device] = {r["num_iters"]: r for r in records}
+    slow = ends["cpu1"]
+    assert all(r["k"] == 0 for r in slow.values()), "the x128 device should sit out"
+    probe_s = slow[1]["iteration_time"] / PROBE_DIVISOR     # its warm-up, timed unscaled
+    assert probe_s > 1.0, f"the x128 warm-up took {probe_s:.2f} s: too short to tell the clocks"
+    common = sorted(set(ends["cpu0"]) & set(slow))[1:]
+    assert len(common) >= 5, common
+    gaps = sorted(abs(ends["cpu0"][n]["total_time"] - slow[n]["total_time"]) for n in common)
+    assert gaps[len(gaps) // 2] < probe_s / 4, (probe_s, gaps)
