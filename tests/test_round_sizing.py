@@ -6,7 +6,7 @@ import pytest
 from esync.coordination.job import JobState
 from esync.coordination.limits import PolicyError
 from esync.coordination.rules import (OVERLAP_MARGIN, RoundSizing, plan_round, round_length,
-                                      transfer_estimate)
+                                      steady_slowest_rank, transfer_estimate)
 from esync.worker.algorithms.esync import carries
 
 SHARE = RoundSizing(comm_share=0.1, max_round=0.0)
@@ -222,3 +222,19 @@ def test_with_overlap_the_planned_job_stretches_rounds_for_the_arithmetic_alone(
 def test_who_carries_through_the_exchange(round_k, slowest, policy, wait, carry_slowest, want):
     assert carries(round_k, slowest=slowest, policy=policy, told_wait=wait,
                    carry_slowest=carry_slowest) is want
+
+
+@pytest.mark.parametrize("durations, earlier, want", [
+    ([0.004, 0.03], None, 1),              # the first exchange: its timings as they are
+    ([0.2, 0.03], None, 0),                # ... a stall there counts
+    ([0.2, 0.03], [0.004, 0.03], 1),       # one stall of the x1 device: still the x8 one
+    ([0.2, 0.03], [0.25, 0.03], 0),        # two in a row: the x1 device is the slowest now
+    ([0.004, 0.03], [0.004, 0.0], 1),      # an untimed exchange before: the latest timing
+    ([0.004, 0.0], [0.004, 0.03], None),   # an untimed rank now: nobody
+    ([0.03], None, None),                  # one rank: nobody
+])
+def test_the_slowest_is_read_from_each_ranks_smaller_latest_two(durations, earlier, want):
+    """--carry's "the slowest does not carry": a device read as the smaller of its latest two
+    exchanged timings, so one stalled iteration of a fast device does not make it the
+    slowest (a loaded machine saw the slow device then carry)."""
+    assert steady_slowest_rank(durations, earlier) == want

@@ -109,6 +109,17 @@ def slowest_rank(durations) -> int:
     return best
 
 
+def steady_slowest_rank(durations, earlier=None) -> int | None:
+    """The slowest rank, each read as the smaller of its latest two ``durations`` (``earlier``:
+    the exchange before; a 0 there is no timing), so that one stalled iteration does not make
+    a device the slowest. None with one rank or an untimed one (a 0 in ``durations``)."""
+    if len(durations) < 2 or not all(c > 0 for c in durations):
+        return None
+    if earlier is not None:
+        durations = [min(now, then) if then > 0 else now for now, then in zip(durations, earlier)]
+    return slowest_rank(durations)
+
+
 def slack_of(epsilon: float | str, *, c_i: float, num_workers: int, overhead_i: float = 0.0,
              overhead_s: float = 0.0) -> float:
     """Worker i's slack: absolute ``epsilon``, or the module docstring's automatic slack."""

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from mxnet import nd
 
 import esync.worker.algorithms.aggregate as aggregate
-from esync.coordination.rules import slowest_rank
+from esync.coordination.rules import steady_slowest_rank
 from esync.worker.algorithms.base import ArraysInFlight, datas
 
 
@@ -26,7 +26,8 @@ class RoundExchange:
         self.wire, self.local, self.outer, self.rounds = wire, local, outer, rounds
         self.outlives_round = outlives_round  # --overlap: the exchange runs into the next round
         self.last_comm = 0.0                 # seconds the last finished exchange took
-        self.was_slowest = False             # the slowest by the last exchange's durations
+        self.was_slowest = False             # the slowest by the last two exchanges' durations
+        self.earlier_c = None                # every rank's c in the exchange before the last
         self.last_overhead = 0.0             # seconds the last aggregation computed (not waited)
         self.round_waited = 0.0              # this aggregation's blocking waits so far
         self.carried_in = 0                  # --carry: iterations of this round run during the
@@ -121,9 +122,13 @@ class RoundExchange:
             p.set_data(total / w.num_workers)
 
     def coordinate(self, control, t: int) -> None:
-        """After round t's exchange: who was the slowest (--carry), and the round sizing's turn."""
-        self.was_slowest = (len(control.c) > 1 and all(c > 0 for c in control.c)
-                            and slowest_rank(control.c) == self.worker.rank)
+        """After round t's exchange: who was the slowest (--carry), and the round sizing's turn.
+
+        Each rank is read as the smaller of its latest two timings, as the state server judges
+        a sit-out: one stalled iteration must not make a fast device the slowest, or the slow
+        device would carry and open its next round early."""
+        self.was_slowest = steady_slowest_rank(control.c, self.earlier_c) == self.worker.rank
+        self.earlier_c = list(control.c)
         self.rounds.after_exchange(control, t, self.last_comm)
 
     def continue_from(self, own_deltas, carried_from=None) -> None:
