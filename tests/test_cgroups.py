@@ -733,3 +733,51 @@ def test_an_unusable_cpu_leaves_the_threads_where_they_were(capsys):
     assert "cannot pin this device's compute to CPU '4096'" in capsys.readouterr().err
     speeds.pin_compute_threads(None, speeds.thread_ids())        # not asked: nothing to do
     assert os.sched_getaffinity(0) == before
+
+
+def test_a_caps_cpu_is_counted_for_the_threads_in_its_group_to_the_millisecond(tmp_path):
+    """``capped_cpu_seconds`` sums the threads its group's ``tasks`` lists (MXNet's engine
+    workers, however late they started) and no other: a warm-up probe of a few milliseconds
+    must not read as 0 or 10 ms, as the ticks of /proc's ``stat`` would."""
+    from concurrent.futures import ThreadPoolExecutor
+    from esync.common import speeds
+    inside, outside = ThreadPoolExecutor(1), ThreadPoolExecutor(1)
+    tid = inside.submit(threading.get_native_id).result()
+    outside.submit(int).result()
+    (tmp_path / "tasks").write_text(f"{tid}\n{os.getpid() + 10**7}\n")   # a task not ours
+    try:
+        before = speeds.capped_cpu_seconds(str(tmp_path))
+        outside.submit(sum, range(4_000_000)).result()
+        assert speeds.capped_cpu_seconds(str(tmp_path)) - before < 0.002
+        start = time.thread_time
+        spent = inside.submit(lambda: (t := start(), sum(range(120_000)), start() - t)[2]).result()
+        counted = speeds.capped_cpu_seconds(str(tmp_path)) - before
+        assert 0.001 < spent < 0.05
+        assert counted == pytest.approx(spent, rel=0.3, abs=0.0005)
+    finally:
+        inside.shutdown()
+        outside.shutdown()
+    # without a per-thread tasks file (cgroup v2's whole process): the process's CPU
+    assert speeds.capped_cpu_seconds(str(tmp_path / "none")) == pytest.approx(
+        time.process_time(), abs=0.05)
+
+
+@pytest.mark.parametrize("files, cores", [
+    ({"cpu.cfs_quota_us": "3000\n", "cpu.cfs_period_us": "10000\n"}, 0.3),
+    ({"cpu.cfs_quota_us": "-1\n", "cpu.cfs_period_us": "100000\n"}, None),
+    ({"cpu.max": "1000 53334\n"}, 1000 / 53334),
+    ({"cpu.max": "max 100000\n"}, None),
+    ({}, None)])
+def test_a_caps_cores_are_read_back_from_its_group(tmp_path, files, cores):
+    from esync.common import speeds
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    assert speeds.cap_cores(str(tmp_path)) == (None if cores is None else pytest.approx(cores))
+
+
+def test_a_probe_under_a_cap_lasts_its_cpu_at_the_caps_rate():
+    """The same few milliseconds of CPU under a x1 cap and a x16 one: their ratio is the
+    devices', whatever CFS's burst and periods did to the probes' wall times."""
+    from esync.common.speeds import cap_seconds
+    x1, x16 = cap_seconds(0.0027, 0.3), cap_seconds(0.0027, 0.3 / 16)
+    assert x1 == pytest.approx(0.009) and x16 / x1 == pytest.approx(16)

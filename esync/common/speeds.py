@@ -79,6 +79,57 @@ def cpu_seconds_under_cap() -> float:
     return time.process_time() - sum(_thread_cpu_seconds(t) for t in outside)
 
 
+def _thread_cpu_ns(tid: int) -> int:
+    """Nanoseconds one of this process's threads has run (the scheduler's own account,
+    ``/proc/self/task/<tid>/schedstat``; the 10 ms ticks of its ``stat`` where that is
+    missing); 0 once it has ended."""
+    try:
+        with open(f"/proc/self/task/{tid}/schedstat") as stat:
+            return int(stat.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return round(_thread_cpu_seconds(tid) * 1e9)
+
+
+def capped_cpu_seconds(group: str) -> float:
+    """CPU seconds of this process's threads in the cap's ``group`` (those ``join_cpu_cap`` put
+    there and those they started since: MXNet's engine workers), to the nanosecond where the
+    kernel keeps it: a warm-up probe runs for a few milliseconds of CPU (``cap_seconds``).
+    Where the whole process joined (no per-thread ``tasks``), the process's."""
+    try:
+        with open(os.path.join(group, "tasks")) as tasks:
+            inside = {int(t) for t in tasks.read().split()} & thread_ids()
+    except (OSError, ValueError):
+        return time.process_time()
+    return sum(_thread_cpu_ns(t) for t in inside) / 1e9
+
+
+def cap_cores(group: str) -> float | None:
+    """The cores a cap's group gives per second, read back from the kernel (cgroup v1's
+    ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``, v2's ``cpu.max``); None: no limit."""
+    try:
+        if os.path.exists(os.path.join(group, "cpu.max")):
+            with open(os.path.join(group, "cpu.max")) as f:
+                quota, period = f.read().split()
+        else:
+            with open(os.path.join(group, "cpu.cfs_quota_us")) as f:
+                quota = f.read().strip()
+            with open(os.path.join(group, "cpu.cfs_period_us")) as f:
+                period = f.read().strip()
+    except (OSError, ValueError):
+        return None
+    return None if quota in ("max", "-1") else int(quota) / int(period)
+
+
+def cap_seconds(cpu_seconds: float, cores: float) -> float:
+    """How long ``cpu_seconds`` of compute last under a cap of ``cores`` once its quota is
+    spent: the device's steady speed. Short work's wall time says little of it: CFS lets a
+    burst of a few milliseconds run at full speed while the period's quota lasts (a x1
+    device's 1/8-batch probe under 3 ms per 10 ms read three times too fast), and rounds a
+    very small cap's work up to whole periods (a x16 device's, 1 ms per 53 ms, up to twice too
+    slow), so two probes' wall times were no measure of two devices' speeds."""
+    return cpu_seconds / cores
+
+
 def join_cpu_cap(environ=os.environ) -> tuple[str, str] | None:
     """Put this worker's device, MXNet's operator threads, under the CPU cap its launcher made
     for it, if any; return (the group, what it holds: ``OPERATOR_THREADS`` or ``EVERY_THREAD``).

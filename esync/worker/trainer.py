@@ -37,6 +37,7 @@ from esync.common.checkpoint import CheckpointError, CheckpointStore
 from esync.common.errors import UsageError, guarded
 from esync.common.runlayout import EvaluationLog
 from esync.common.speeds import (OPERATOR_THREADS, communication_threads,
+                                 cap_cores, cap_seconds, capped_cpu_seconds,
                                  cpu_seconds_under_cap, join_cpu_cap, leave_cpu_cap)
 from esync.worker.evaluator import accuracy, load_into
 from esync.worker.kvstore import Channel, KeyMap, KVChannel, control_length, leave_job_at_once
@@ -374,7 +375,7 @@ class TrainingLoop:
         # counts as the time it is (the first round waits for it). Inline scoring is taken out.
         clock0 = time.perf_counter() - spent
         self.clock0 = clock0
-        last_c = self._warm_up()
+        last_c = self._warm_up(capped[0] if capped else None)
         if self.announced is None:                 # nobody told: the first factor is no change
             self.announced = self.speed.factor(spent)
         wall0 = clock0                             # wall clock: everything counts
@@ -384,7 +385,8 @@ class TrainingLoop:
         sat_out = False
         carried_samples = 0         # --carry: computed during the last exchange, in this delta
         print(f"{self.prefix} training {args.network} in {args.mode} mode, "
-              f"{w.num_workers} worker(s), slow-down x{args.slowdown:g}", flush=True)
+              f"{w.num_workers} worker(s), slow-down x{args.slowdown:g}; warm-up "
+              f"{last_c:.4g} s a batch", flush=True)
         while True:
             round_no += 1
             w.round_no = round_no
@@ -503,7 +505,7 @@ class TrainingLoop:
             return None
         return self.evaluations.poll()
 
-    def _warm_up(self) -> float:
+    def _warm_up(self, cap_group: str | None) -> float:
         """One step on a dummy batch: compiles the graph, gives the first c_i, uses no data.
 
         Where devices may sit out (ESync's ``--sit-out-ratio``) the step is a timing probe on
@@ -511,7 +513,9 @@ class TrainingLoop:
         when every device has sent its first question, which carries this c, so a device 150
         times slower then holds it up for an eighth of its iteration instead of a whole one
         (and, judged too slow, never computes one). The first iteration compiles the graph
-        for the whole batch.
+        for the whole batch. Under an emulating CPU cap (``cap_group``) the step is timed by
+        its CPU seconds at the cap's steady rate (``speeds.cap_seconds``): its wall time would
+        read a short probe's burst or its rounding to whole CFS periods, not the device's speed.
 
         The training-mode forward pass would move batch-norm running statistics towards the
         dummy batch's, so they are put back afterwards.
@@ -523,15 +527,19 @@ class TrainingLoop:
         data_ = mx.nd.zeros((probe, 1, size, size), ctx=self.w.ctx)
         label = mx.nd.zeros((probe,), ctx=self.w.ctx)
         saved = [p.data().copy() for p in self.w.aux]
-        start = time.perf_counter()
+        cores = cap_cores(cap_group) if cap_group else None
+        start, cpu0 = time.perf_counter(), capped_cpu_seconds(cap_group) if cores else 0.0
         with autograd.record():
             loss = self.loss_fn(self.w.net(data_), label)
         loss.backward()
         mx.nd.waitall()
-        seconds = (time.perf_counter() - start) * self.speed.sleep_factor(0.0) * batch / probe
+        if cores:
+            seconds = cap_seconds(capped_cpu_seconds(cap_group) - cpu0, cores)
+        else:
+            seconds = (time.perf_counter() - start) * self.speed.sleep_factor(0.0)
         for p, value in zip(self.w.aux, saved):
             p.set_data(value)
-        return seconds
+        return seconds * batch / probe
 
     def _local_phase(self, record: RoundRecord, last_c: float):
         """The round's own iterations; returns (their count, the last one's duration, the mean
