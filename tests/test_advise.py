@@ -274,3 +274,34 @@ def test_a_run_without_evaluations_is_a_clear_error(tmp_path):
     (mode_dir / "evaluations.jsonl").unlink()
     with pytest.raises(advise.AdviceError, match="no evaluations"):
         advise.read(mode_dir, 0.8)
+
+
+def test_who_sat_out_is_read_from_the_run_not_judged_again(tmp_path):
+    """A 16:1 run of the sweep: both x16 devices sat out (their warm-up probes read over 32x
+    the x1 devices' probes), but one probe, 2.44 s, was under 32 x the x1's 0.0765 s
+    iteration: judged again by iterations, it computed, rounds lasted its 2.44 s, and the
+    prediction came 2.7x late (81 s). The state server judged by timings the logs do not all
+    keep, so the advisor takes its judgment from the logs: here a device at 28x that
+    computed nothing."""
+    mode_dir = write_logs(tmp_path, {"cpu0": (1, 8, 1.0, 0.5, 0.125),
+                                     "cpu1": (1, 8, 1.0, 0.5, 0.125),
+                                     "cpu2": (16, 0, 0.0, 1.0, 3.5)},
+                          {"mode": "esync", "carry": True, "use_dcasgd": 0,
+                           "aggregation": "weighted", "policy": "dynamic",
+                           "sit_out_ratio": 32.0, "batch_size": BATCH})
+    run = advise.read(mode_dir, 0.8)
+    assert [d.sat_out for d in run.devices] == [False, False, True]
+    p = advise.predict(run, [d.name for d in run.devices])
+    # rounds of 8 x 0.125 s of the fast pair's compute + their 0.5 s, not of cpu2's 3.5 s
+    assert (p.round_s, p.samples_per_round) == (1.5, 256)
+
+
+def test_a_device_with_a_round_of_no_iteration_has_not_sat_out(tmp_path):
+    """A x16 device of a 16:1 run computes no iteration in a round now and then (its
+    iteration ran over the round's end): it takes part; only nothing in the second half of
+    its rounds is sitting out."""
+    run = advise.read(write_run(tmp_path), 0.8)
+    entry = advise.summary_mod.summarize(run.folder)
+    cpu2 = next(e for h, d, e in advise.summary_mod.device_entries(entry) if d == "cpu2")
+    assert not advise.device_of("vm/cpu2", {**cpu2, "num_samples_list": [16, 0, 16]}, 16).sat_out
+    assert advise.device_of("vm/cpu2", {**cpu2, "num_samples_list": [16, 0, 0]}, 16).sat_out

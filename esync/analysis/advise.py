@@ -113,6 +113,7 @@ class Device:
     first_samples: float = 0.0  # samples it computed in its first round
     rounds: int = 0           # rounds it logged
     waits: tuple = ()         # per round, the seconds it did not compute (None: not logged)
+    sat_out: bool = False     # it computed nothing in the second half of its rounds
 
     @property
     def wait_s(self) -> float:
@@ -198,7 +199,9 @@ def device_of(name: str, entry: dict, batch_size: int) -> Device:
     iterations += sum(n or 0 for n in entry.get("carried_iterations_list") or [])
     compute = sum(entry["compute_time_list"])
     elapsed = entry["elapsed_time_list"]
-    clock = dict(exchange_s=statistics.median(entry["aggregate_time_list"]),
+    per_round = entry["num_samples_list"]
+    clock = dict(sat_out=len(per_round) > 1 and not any(per_round[len(per_round) // 2:]),
+                 exchange_s=statistics.median(entry["aggregate_time_list"]),
                  round_s=(elapsed[-1] - elapsed[0]) / (len(elapsed) - 1) if len(elapsed) > 1
                  else elapsed[0], first_end_s=elapsed[0],
                  samples=sum(entry["num_samples_list"]), elapsed_s=elapsed[-1],
@@ -379,12 +382,15 @@ def predict(run: Run, names) -> Prediction:
 
 
 def computing_devices(devices, sit_out: float) -> list[Device]:
-    """The devices that compute after the first round: all but those over ``sit_out`` times
-    the fastest's iteration (``esync.coordination.rules.sitting_out_ranks``)."""
+    """The devices that compute after the first round: where the run let devices sit out
+    (``sit_out``, its ratio), all but those that sat out in the run. The state server judged
+    them by timings the logs do not all keep (the probes of devices that went on to compute);
+    a subset keeps the fastest device they were judged against, so the judgment stands. The
+    last device never sits out (``esync.coordination.rules``): the fastest then computes."""
     if sit_out <= 0:
         return list(devices)
-    fastest = min(d.iteration_s for d in devices)
-    return [d for d in devices if d.iteration_s <= sit_out * fastest]
+    return ([d for d in devices if not d.sat_out]
+            or [min(devices, key=lambda d: d.iteration_s)])
 
 
 def esync_round_length(devices, *, bounded: bool) -> float:
