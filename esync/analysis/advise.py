@@ -23,8 +23,9 @@ The model (small on purpose; every number is measured in the run itself):
 * **Rounds, by mode.** ESync: a round computes for one iteration of its slowest device,
   ``L = max t_i``, during which device i processes ``r_i L`` samples; with ``--carry`` every
   device but the slowest also computes through the exchange (``r_i c`` more). Where the run let
-  devices sit out (``--sit-out-ratio R``, as run.json says), a device over R times the
-  fastest's iteration computes nothing: judged by its warm-up probe (a step on 1/8 of a batch,
+  devices sit out (``--sit-out-ratio R``, as run.json says), a device the state server found
+  over R times the fastest computes nothing (who sat out is read from the logs: the server
+  judged by probes they do not all keep): judged by its warm-up probe (a step on 1/8 of a batch,
   ``esync_parts.PROBE_DIVISOR``), it holds the first round up for that probe, an eighth of its
   iteration; later rounds last ``max(max t_i, 8 min t_i)`` over the devices left
   (``esync_parts.bounded_length``). Such a device has no computed iteration: its speed is its
