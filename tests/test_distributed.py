@@ -237,7 +237,11 @@ def _listed(arrays, name):
 
 
 REPLAY_TOLERANCE = 1e-4   # a replay of the rule matches rank 0's checkpoint to within this
-WRONG_RULE_STEP_SHARE = 0.01   # a wrong rule's step differs from the checkpoint's by over this
+# A wrong rule's step differs from the checkpoint's by over this share of the step. Measured on
+# the unequal-k runs: the right rule's replay 0 to 8e-5 of the step, the mean rule's 0.0098 to
+# 1.9 (0.0098-0.036 with --carry; 0.0098 failed the former bar of 0.01 in a fresh-clone
+# suite), heavy-ball in place of Nesterov 1.02-1.17: ten times either side.
+WRONG_RULE_STEP_SHARE = 1e-3
 
 
 def _rel_error(got, want):
