@@ -205,8 +205,7 @@ def device_of(name: str, entry: dict, batch_size: int) -> Device:
                  exchange_s=statistics.median(entry["aggregate_time_list"]),
                  round_s=(elapsed[-1] - elapsed[0]) / (len(elapsed) - 1) if len(elapsed) > 1
                  else elapsed[0], first_end_s=elapsed[0],
-                 samples=sum(entry["num_samples_list"]), elapsed_s=elapsed[-1],
-                 first_samples=entry["num_samples_list"][0],
+                 samples=sum(per_round), elapsed_s=elapsed[-1], first_samples=per_round[0],
                  rounds=len(elapsed), waits=tuple(entry.get("wait_time_list") or ()))
     if iterations <= 0 or compute <= 0:
         # A device that sat out from the start (--sit-out-ratio) computed nothing; its speed is

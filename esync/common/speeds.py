@@ -117,6 +117,12 @@ def cap_cores(group: str) -> float | None:
                 period = f.read().strip()
     except (OSError, ValueError):
         return None
+    return cores_from(quota, period)
+
+
+def cores_from(quota: str, period: str) -> float | None:
+    """A cap's cores from the kernel's quota and period as its files spell them ("max" in
+    cgroup v2, "-1" in v1: no limit)."""
     return None if quota in ("max", "-1") else int(quota) / int(period)
 
 

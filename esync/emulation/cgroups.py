@@ -89,6 +89,7 @@ from pathlib import Path
 from esync.common import runlayout
 from esync.common.errors import UsageError
 from esync.common.procs import process_start_time
+from esync.common.speeds import cores_from
 from esync.emulation.schedules import DEVICE_RE     # also never a cgroup file's name
 
 PREFIX = "esync"
@@ -578,7 +579,7 @@ class CpuCaps:
         else:
             quota = (group / "cpu.cfs_quota_us").read_text().strip()
             period = (group / "cpu.cfs_period_us").read_text().strip()
-        return None if quota in ("max", "-1") else int(quota) / int(period)
+        return cores_from(quota, period)
 
     # processes
 
